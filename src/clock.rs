@@ -1,0 +1,116 @@
+//! One timeline for every measurement: Unix-epoch nanoseconds that advance with the monotonic
+//! clock, so seconds line up with wall-clock seconds (and with vLLM's log) yet never jump back.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Nanoseconds since the Unix epoch on the process's monotonic timeline.
+pub type UnixNanos = u64;
+
+/// Nanoseconds in one second.
+pub const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// Maps `Instant`s onto Unix-epoch nanoseconds, anchored once at first use.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    anchor_instant: Instant,
+    anchor_unix_ns: u64,
+}
+
+impl Clock {
+    /// A clock anchored now.
+    pub fn new() -> Self {
+        let anchor_instant = Instant::now();
+        let anchor_unix_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO)
+            .as_nanos() as u64;
+        Clock {
+            anchor_instant,
+            anchor_unix_ns,
+        }
+    }
+
+    /// The process-wide clock.
+    pub fn global() -> &'static Clock {
+        static GLOBAL: OnceLock<Clock> = OnceLock::new();
+        GLOBAL.get_or_init(Clock::new)
+    }
+
+    /// The current time on this clock.
+    pub fn now(&self) -> UnixNanos {
+        self.at(Instant::now())
+    }
+
+    /// The time of `instant` on this clock.
+    pub fn at(&self, instant: Instant) -> UnixNanos {
+        match instant.checked_duration_since(self.anchor_instant) {
+            Some(d) => self.anchor_unix_ns + d.as_nanos() as u64,
+            None => self
+                .anchor_unix_ns
+                .saturating_sub(self.anchor_instant.duration_since(instant).as_nanos() as u64),
+        }
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::new()
+    }
+}
+
+/// Formats `ns` as RFC 3339 UTC with microseconds, e.g. `2026-11-29T18:27:33.123456Z`.
+pub fn format_rfc3339_micros(ns: UnixNanos) -> String {
+    let secs = (ns / NANOS_PER_SEC) as i64;
+    let micros = (ns % NANOS_PER_SEC) / 1_000;
+    let dt =
+        time::OffsetDateTime::from_unix_timestamp(secs).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+        dt.year(),
+        u8::from(dt.month()),
+        dt.day(),
+        dt.hour(),
+        dt.minute(),
+        dt.second(),
+        micros
+    )
+}
+
+/// Parses an RFC 3339 timestamp (any offset, any fraction) into Unix nanoseconds.
+pub fn parse_rfc3339(s: &str) -> Option<UnixNanos> {
+    let dt = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
+    u64::try_from(dt.unix_timestamp_nanos()).ok()
+}
+
+/// Milliseconds between two instants on the timeline, as a float.
+pub fn millis_between(from: UnixNanos, to: UnixNanos) -> f64 {
+    to.saturating_sub(from) as f64 / 1e6
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_round_trips_to_the_microsecond() {
+        let ns = 1_795_976_853_123_456_000;
+        let s = format_rfc3339_micros(ns);
+        assert_eq!(s, "2026-11-29T18:27:33.123456Z");
+        assert_eq!(parse_rfc3339(&s), Some(ns));
+        assert_eq!(parse_rfc3339("2026-11-29T19:27:33.123456+01:00"), Some(ns));
+    }
+
+    #[test]
+    fn clock_is_monotonic_and_near_wall_time() {
+        let c = Clock::new();
+        let a = c.now();
+        let b = c.now();
+        assert!(b >= a);
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        assert!(wall.abs_diff(b) < NANOS_PER_SEC);
+    }
+}

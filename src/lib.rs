@@ -1,0 +1,12 @@
+//! tokenmeter: a transparent measuring proxy for vLLM's OpenAI-compatible API.
+//!
+//! The binary's subcommands are thin wrappers over these modules; tests call them directly.
+
+pub mod access_log;
+pub mod analyze;
+pub mod cli;
+pub mod clock;
+pub mod load;
+pub mod meter;
+pub mod record;
+pub mod sim;

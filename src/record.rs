@@ -1,0 +1,259 @@
+//! The one record every proxied request produces: what the access log writes, what the meter
+//! consumes and what `analyze` reads back.
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::UnixNanos;
+
+/// Version of the access-log line format; `analyze` skips lines of other versions.
+pub const RECORD_SCHEMA: u32 = 1;
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The upstream answered with a success status and the body ended cleanly.
+    Ok,
+    /// The upstream answered with status >= 400, or sent an error event inside a 200 stream.
+    UpstreamError,
+    /// The client went away before the response was complete.
+    ClientAborted,
+    /// The upstream connection was lost before the body was complete.
+    UpstreamAborted,
+    /// A configured timeout fired (connect, response headers or idle body gap).
+    Timeout,
+    /// The proxy itself refused or failed the request (unreachable upstream, limits, auth).
+    ProxyError,
+}
+
+impl Outcome {
+    /// All outcomes, in a stable order (for metrics and reports).
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Ok,
+        Outcome::UpstreamError,
+        Outcome::ClientAborted,
+        Outcome::UpstreamAborted,
+        Outcome::Timeout,
+        Outcome::ProxyError,
+    ];
+
+    /// The snake_case name used in logs and labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::ClientAborted => "client_aborted",
+            Outcome::UpstreamAborted => "upstream_aborted",
+            Outcome::Timeout => "timeout",
+            Outcome::ProxyError => "proxy_error",
+        }
+    }
+
+    /// Whether this outcome counts as an error in windows and totals.
+    pub fn is_error(self) -> bool {
+        !matches!(self, Outcome::Ok | Outcome::ClientAborted)
+    }
+}
+
+/// Where the token counts came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokensSource {
+    /// The upstream's `usage` object.
+    Usage,
+    /// No usage arrived; completion tokens are the count of content-bearing events (an estimate).
+    Counted,
+    /// Nothing to count (errors, non-generation paths).
+    None,
+}
+
+/// How the user was identified, in the configured order of sources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UserSource {
+    /// A `/u/<name>/` path prefix.
+    Path,
+    /// The configured user header.
+    Header,
+    /// The configured API-key to name map.
+    KeyMap,
+    /// The request body's `user` field.
+    Body,
+    /// A pseudonym derived from the bearer key: `key-` + 8 hex of its SHA-256.
+    KeyHash,
+    /// The client's IP address.
+    Ip,
+}
+
+/// One finished request, exactly one per request on every path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    /// Line type; always `"request"` for these records.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Line format version, [`RECORD_SCHEMA`].
+    pub schema: u32,
+    /// Arrival time (request head read), RFC 3339 UTC with microseconds.
+    pub ts: String,
+    /// Arrival time as Unix nanoseconds on the monotonic timeline (exact twin of `ts`).
+    pub ts_ns: UnixNanos,
+    /// The proxy's id for this request.
+    pub request_id: String,
+    /// Who sent it.
+    pub user: String,
+    /// How `user` was found.
+    pub user_source: UserSource,
+    /// The requested model (`model` in the body), if any.
+    pub model: Option<String>,
+    /// HTTP method.
+    pub method: String,
+    /// Request path as the client sent it (query string excluded: it may carry secrets).
+    pub path: String,
+    /// Status sent to the client (`null` when the client left before a status was sent).
+    pub status: Option<u16>,
+    /// Whether the request asked for a stream (`null` when the body did not say or was not JSON).
+    pub stream: Option<bool>,
+    /// How the request ended.
+    pub outcome: Outcome,
+    /// Prompt tokens, from `usage`.
+    pub prompt_tokens: Option<u64>,
+    /// Completion tokens, from `usage` (summed over choices), or counted (see `tokens_source`).
+    pub completion_tokens: Option<u64>,
+    /// Where the token counts came from.
+    pub tokens_source: TokensSource,
+    /// Number of choices requested (`n`), when given.
+    pub n: Option<u32>,
+    /// Milliseconds from arrival to the first response body byte from upstream.
+    pub first_byte_ms: Option<f64>,
+    /// Milliseconds from arrival to the first SSE event with a non-empty `choices` array.
+    pub ttft_ms: Option<f64>,
+    /// Milliseconds from arrival to the last body byte handed to the client.
+    pub e2e_ms: Option<f64>,
+    /// (e2e - ttft) / (completion_tokens - 1); `null` for fewer than 2 tokens or no TTFT.
+    pub tpot_ms: Option<f64>,
+    /// Largest gap between two content-bearing events, milliseconds.
+    pub itl_max_ms: Option<f64>,
+    /// completion_tokens / e2e, tokens per second.
+    pub tok_s: Option<f64>,
+    /// (completion_tokens - 1) / (e2e - ttft), tokens per second.
+    pub decode_tok_s: Option<f64>,
+    /// Requests in flight when this one arrived, itself included.
+    pub in_flight_at_start: u32,
+    /// First request after an idle gap longer than `cold_start_idle_s` (or the first ever).
+    pub cold_start: bool,
+    /// Finish reason of the first choice that reported one.
+    pub finish_reason: Option<String>,
+    /// Request body bytes received from the client.
+    pub bytes_in: u64,
+    /// Response body bytes sent to the client.
+    pub bytes_out: u64,
+    /// A short, secret-free description of what went wrong, when something did.
+    pub error: Option<String>,
+    /// vLLM's own queue time for this request (its per-request `metrics` object), ms.
+    pub server_queue_ms: Option<f64>,
+    /// vLLM's own TTFT for this request, ms.
+    pub server_ttft_ms: Option<f64>,
+    /// vLLM's own mean inter-token latency for this request, ms.
+    pub server_mean_itl_ms: Option<f64>,
+}
+
+impl RequestRecord {
+    /// Whether this request was a generation (chat or text completion) that windows and the
+    /// capacity curve account for; `/v1/models`, `/health` and the like are logged, not metered.
+    pub fn is_generation(&self) -> bool {
+        is_generation_path(&self.path)
+    }
+
+    /// Arrival time on the timeline.
+    pub fn start_ns(&self) -> UnixNanos {
+        self.ts_ns
+    }
+
+    /// End time on the timeline (arrival + e2e), or arrival when e2e is unknown.
+    pub fn end_ns(&self) -> UnixNanos {
+        self.ts_ns + self.e2e_ms.map(|ms| (ms * 1e6).round() as u64).unwrap_or(0)
+    }
+
+    /// TTFT time on the timeline, when known.
+    pub fn ttft_ns(&self) -> Option<UnixNanos> {
+        self.ttft_ms
+            .map(|ms| self.ts_ns + (ms * 1e6).round() as u64)
+    }
+
+    /// The record as one JSON line, newline included.
+    pub fn to_json_line(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec(self).unwrap_or_default();
+        out.push(b'\n');
+        out
+    }
+}
+
+/// Whether `path` (after any `/u/<name>` prefix was stripped) is a generation endpoint.
+pub fn is_generation_path(path: &str) -> bool {
+    let path = path.split('?').next().unwrap_or(path);
+    path.ends_with("/chat/completions") || path.ends_with("/v1/completions")
+}
+
+/// Derived timing figures, computed one way for the proxy and for anything re-deriving them.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct DerivedRates {
+    /// (e2e - ttft) / (completion_tokens - 1).
+    pub tpot_ms: Option<f64>,
+    /// completion_tokens / e2e.
+    pub tok_s: Option<f64>,
+    /// (completion_tokens - 1) / (e2e - ttft).
+    pub decode_tok_s: Option<f64>,
+}
+
+impl DerivedRates {
+    /// Computes the rates from TTFT, e2e and completion tokens; unknown inputs give `None`.
+    pub fn compute(
+        ttft_ms: Option<f64>,
+        e2e_ms: Option<f64>,
+        completion_tokens: Option<u64>,
+    ) -> Self {
+        let mut r = DerivedRates::default();
+        if let (Some(e2e), Some(tokens)) = (e2e_ms, completion_tokens) {
+            if e2e > 0.0 && tokens > 0 {
+                r.tok_s = Some(tokens as f64 / (e2e / 1e3));
+            }
+            if let Some(ttft) = ttft_ms {
+                let decode_ms = e2e - ttft;
+                if tokens >= 2 && decode_ms > 0.0 {
+                    r.tpot_ms = Some(decode_ms / (tokens - 1) as f64);
+                    r.decode_tok_s = Some((tokens - 1) as f64 / (decode_ms / 1e3));
+                }
+            }
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_rates_follow_the_definitions() {
+        let r = DerivedRates::compute(Some(100.0), Some(1100.0), Some(11));
+        assert_eq!(r.tpot_ms, Some(100.0));
+        assert_eq!(r.decode_tok_s, Some(10.0));
+        assert!((r.tok_s.unwrap() - 10.0).abs() < 1e-9);
+        let one = DerivedRates::compute(Some(100.0), Some(100.0), Some(1));
+        assert_eq!(one.tpot_ms, None);
+        assert_eq!(one.decode_tok_s, None);
+        assert_eq!(one.tok_s, Some(10.0));
+        assert_eq!(
+            DerivedRates::compute(None, None, Some(3)),
+            DerivedRates::default()
+        );
+    }
+
+    #[test]
+    fn generation_paths() {
+        assert!(is_generation_path("/v1/chat/completions"));
+        assert!(is_generation_path("/v1/completions"));
+        assert!(!is_generation_path("/v1/models"));
+        assert!(!is_generation_path("/health"));
+    }
+}
