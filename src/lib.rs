@@ -8,5 +8,7 @@ pub mod cli;
 pub mod clock;
 pub mod load;
 pub mod meter;
+pub mod openai;
 pub mod record;
 pub mod sim;
+pub mod sse;
