@@ -38,6 +38,8 @@ pub struct SseScanner {
     data_lines: u32,
     /// The current event outgrew the limit.
     oversize: bool,
+    /// After `feed`: where the unfinished block began in the last slice, if it began there.
+    pending_from: Option<usize>,
     /// A non-blank line has been seen since the last blank line.
     in_event: bool,
 }
@@ -61,6 +63,7 @@ impl SseScanner {
             data_lines: 0,
             oversize: false,
             in_event: false,
+            pending_from: None,
         }
     }
 
@@ -142,6 +145,14 @@ impl SseScanner {
         if let Some((from, to)) = borrowed.take() {
             self.push_data(&chunk[from..to], false);
         }
+        self.pending_from = if self.in_event() { event_start } else { None };
+    }
+
+    /// After [`feed`](Self::feed), when [`in_event`](Self::in_event): the offset in the slice just
+    /// fed where the unfinished block (event, comment or partial line) began; `None` when it began
+    /// in an earlier slice.
+    pub fn pending_from(&self) -> Option<usize> {
+        self.pending_from
     }
 
     /// Handles one complete line. `origin` locates it in the current slice when it lies there.
