@@ -169,8 +169,8 @@ impl ServeConfig {
                 .with_context(|| format!("admin_listen: `{a}` is not host:port"))?;
         }
         self.upstream_uri()?;
-        if self.max_header_bytes < 8192 {
-            bail!("max_header_bytes: must be at least 8192");
+        if self.max_header_bytes < 1024 {
+            bail!("max_header_bytes: must be at least 1024");
         }
         if self.max_request_body_bytes == 0
             || self.access_log_buffer == 0
@@ -412,7 +412,7 @@ mod tests {
         assert!(format!("{:#}", load(&a, Vec::new()).unwrap_err()).contains("https"));
         let mut a = args();
         a.set = vec!["max_header_bytes=100".into()];
-        assert!(format!("{:#}", load(&a, Vec::new()).unwrap_err()).contains("8192"));
+        assert!(format!("{:#}", load(&a, Vec::new()).unwrap_err()).contains("1024"));
     }
 
     #[test]

@@ -220,7 +220,7 @@ async fn accept_loop(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(cfg.timeouts.head_read_ms))
-        .max_buf_size(cfg.max_header_bytes)
+        .max_header_size(cfg.max_header_bytes)
         .half_close(false)
         .keep_alive(true);
     loop {
