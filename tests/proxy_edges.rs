@@ -106,6 +106,7 @@ async fn client_abort_mid_stream_closes_upstream_and_keeps_tokens_seen() {
     );
     let lines = proxy.finish().await;
     let l = &lines[0];
+    assert_schema("record.schema.json", l);
     assert_eq!(l["outcome"], "client_aborted");
     assert_eq!(l["status"], 200);
     let seen = l["completion_tokens"].as_u64().unwrap();

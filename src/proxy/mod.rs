@@ -268,11 +268,8 @@ async fn accept_loop(
     conns.abort_all();
     while conns.join_next().await.is_some() {}
     if let Some(log) = log {
-        let counters = log.counters();
-        if let Ok(writer) = Arc::try_unwrap(log) {
-            writer.close().await;
-        }
-        let (written, dropped, failed) = counters.get();
+        log.close().await;
+        let (written, dropped, failed) = log.counters().get();
         tracing::info!(written, dropped, failed, "access log closed");
     }
 }

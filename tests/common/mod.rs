@@ -501,3 +501,18 @@ impl TestProxy {
             .collect()
     }
 }
+
+/// Validates `value` against the committed JSON Schema `schemas/<name>`.
+pub fn assert_schema(name: &str, value: &serde_json::Value) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("schemas")
+        .join(name);
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let validator = jsonschema::validator_for(&schema).expect("schema compiles");
+    let errors: Vec<String> = validator
+        .iter_errors(value)
+        .map(|e| format!("{} at {}", e, e.instance_path))
+        .collect();
+    assert!(errors.is_empty(), "{name}: {errors:?}\n{value}");
+}
