@@ -7,7 +7,11 @@ use tokenmeter::record::RequestRecord;
 use tokenmeter::sse::SseScanner;
 
 fn fixture_body(name: &str) -> Vec<u8> {
-    let raw = std::fs::read(format!("{}/tests/fixtures/vllm/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let raw = std::fs::read(format!(
+        "{}/tests/fixtures/vllm/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
     let start = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
     raw[start..].to_vec()
 }
@@ -16,7 +20,10 @@ fn fixture_body(name: &str) -> Vec<u8> {
 fn frames(name: &str) -> (Vec<Vec<u8>>, usize) {
     let body = fixture_body(name);
     let text = String::from_utf8(body).unwrap();
-    let events: Vec<Vec<u8>> = text.split_inclusive("\n\n").map(|e| e.as_bytes().to_vec()).collect();
+    let events: Vec<Vec<u8>> = text
+        .split_inclusive("\n\n")
+        .map(|e| e.as_bytes().to_vec())
+        .collect();
     let mut out = Vec::new();
     let mut bytes = 0;
     while bytes < 256 * 1024 {
@@ -30,7 +37,10 @@ fn frames(name: &str) -> (Vec<Vec<u8>>, usize) {
 
 fn scan(c: &mut Criterion) {
     let mut g = c.benchmark_group("sse_scan");
-    for name in ["03_chat_stream_usage.http", "04_chat_stream_usage_continuous.http"] {
+    for name in [
+        "03_chat_stream_usage.http",
+        "04_chat_stream_usage_continuous.http",
+    ] {
         let (frames, bytes) = frames(name);
         g.throughput(Throughput::Bytes(bytes as u64));
         g.bench_with_input(BenchmarkId::new("scan_only", name), &frames, |b, frames| {
@@ -43,20 +53,24 @@ fn scan(c: &mut Criterion) {
                 n
             })
         });
-        g.bench_with_input(BenchmarkId::new("scan_and_summarize", name), &frames, |b, frames| {
-            b.iter(|| {
-                let mut s = SseScanner::default();
-                let mut tokens = 0u64;
-                for f in frames {
-                    s.feed(f, |e| {
-                        if let Some(sum) = summarize(e.data) {
-                            tokens += sum.content_choices as u64;
-                        }
-                    });
-                }
-                tokens
-            })
-        });
+        g.bench_with_input(
+            BenchmarkId::new("scan_and_summarize", name),
+            &frames,
+            |b, frames| {
+                b.iter(|| {
+                    let mut s = SseScanner::default();
+                    let mut tokens = 0u64;
+                    for f in frames {
+                        s.feed(f, |e| {
+                            if let Some(sum) = summarize(e.data) {
+                                tokens += sum.content_choices as u64;
+                            }
+                        });
+                    }
+                    tokens
+                })
+            },
+        );
         g.throughput(Throughput::Elements(frames.len() as u64));
         g.bench_with_input(BenchmarkId::new("events", name), &frames, |b, frames| {
             b.iter(|| {
@@ -77,9 +91,15 @@ fn scan(c: &mut Criterion) {
 }
 
 fn encode(c: &mut Criterion) {
-    let line = std::fs::read_to_string(format!("{}/tests/fixtures/access_log_line.json", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let line = std::fs::read_to_string(format!(
+        "{}/tests/fixtures/access_log_line.json",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
     let record: RequestRecord = serde_json::from_str(&line).unwrap();
-    c.bench_function("access_log_line_encode", |b| b.iter(|| record.to_json_line()));
+    c.bench_function("access_log_line_encode", |b| {
+        b.iter(|| record.to_json_line())
+    });
 }
 
 criterion_group!(benches, scan, encode);

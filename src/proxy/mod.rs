@@ -172,6 +172,7 @@ pub async fn spawn(
     let client = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_millis(config.timeouts.pool_idle_ms))
         .pool_timer(TokioTimer::new())
+        .http1_max_buf_size(64 * 1024)
         .build(connector);
     let mut admin_addr = None;
     let mut main_stats = stats.clone();
@@ -221,6 +222,8 @@ async fn accept_loop(
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(cfg.timeouts.head_read_ms))
         .max_header_size(cfg.max_header_bytes)
+        // Also bounds what hyper queues for a client that stops reading (backpressure, not memory).
+        .max_buf_size(cfg.max_header_bytes.max(8192))
         .half_close(false)
         .keep_alive(true);
     loop {
