@@ -37,6 +37,11 @@ fn slow_stream(first_gap: Duration, gap: Duration, events: usize) -> Script {
 
 #[tokio::test]
 async fn client_abort_before_first_byte_closes_upstream_promptly() {
+    abort_before_first_byte(false).await;
+    abort_before_first_byte(true).await;
+}
+
+async fn abort_before_first_byte(rst: bool) {
     // Upstream sends headers only after 5 s (a long prefill or queue): the client leaves at once.
     let script = Script {
         steps: vec![
@@ -71,6 +76,11 @@ async fn client_abort_before_first_byte_closes_upstream_promptly() {
 
 #[tokio::test]
 async fn client_abort_mid_stream_closes_upstream_and_keeps_tokens_seen() {
+    abort_mid_stream(false).await;
+    abort_mid_stream(true).await;
+}
+
+async fn abort_mid_stream(rst: bool) {
     let mut up = FakeUpstream::start(vec![slow_stream(
         Duration::from_millis(10),
         Duration::from_millis(30),

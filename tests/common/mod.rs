@@ -243,7 +243,7 @@ async fn serve_conn(
 }
 
 /// Closes a socket with RST instead of FIN.
-fn socket2_linger_zero(s: std::net::TcpStream) -> std::net::TcpStream {
+pub fn socket2_linger_zero(s: std::net::TcpStream) -> std::net::TcpStream {
     use std::os::fd::AsRawFd;
     let linger = libc_linger {
         l_onoff: 1,
@@ -515,4 +515,9 @@ pub fn assert_schema(name: &str, value: &serde_json::Value) {
         .map(|e| format!("{} at {}", e, e.instance_path))
         .collect();
     assert!(errors.is_empty(), "{name}: {errors:?}\n{value}");
+}
+
+/// Drops a tokio stream with RST (SO_LINGER 0) instead of FIN.
+pub fn reset(stream: TcpStream) {
+    drop(socket2_linger_zero(stream.into_std().unwrap()));
 }
