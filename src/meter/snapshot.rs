@@ -117,7 +117,9 @@ pub struct StatsSnapshot {
     pub users_folded: u64,
     /// Per-model views, by name (`"unknown"` without a model, `"other"` beyond the model cap).
     pub models: BTreeMap<String, ScopeView>,
-    /// The capacity curve since start (steady seconds that have completed).
+    /// The capacity curve since start, over final steady seconds: a second becomes final once
+    /// no open request started at or before it (so none can still attribute tokens to it), or
+    /// when it leaves the horizon. The curve therefore lags by the age of the oldest open request.
     pub capacity: Vec<CapacityRow>,
     /// Access-log counters (filled by the caller).
     pub access_log: AccessLogView,
