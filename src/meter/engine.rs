@@ -85,9 +85,10 @@ impl Meter {
         self.aggregate.in_flight.level()
     }
 
-    /// Oldest second still inside the horizon at `now_sec`.
+    /// Oldest second kept at `now_sec`: the last `horizon_s` complete seconds plus the current
+    /// partial one, so a window as long as the horizon is still complete.
     pub(super) fn floor(&self, now_sec: u64) -> u64 {
-        now_sec.saturating_sub(self.config.horizon_s - 1)
+        now_sec.saturating_sub(self.config.horizon_s)
     }
 
     /// Once per new second: integrate levels, feed final seconds to the capacity curve, evict
