@@ -17,7 +17,8 @@ pub struct MeterConfig {
     pub max_tracked_users: usize,
     /// A user with nothing in flight and no event for this long leaves the live view.
     pub user_idle_expiry_s: u64,
-    /// Idle gap after which the next request counts as a cold start.
+    /// Idle gap after which the next request counts as a cold start (the proxy decides and sets
+    /// `RequestRecord::cold_start`; the meter only reads that flag).
     pub cold_start_idle_s: u64,
     /// Whether Prometheus counters carry a `user` label (capped at `max_tracked_users`).
     pub metrics_user_label: bool,

@@ -6,7 +6,9 @@ use crate::clock::UnixNanos;
 use crate::record::RequestRecord;
 
 use super::capacity::{capacity_curve, CapacityRow, RequestLevel};
-use super::timeline::{attribute_record, mean_level, second_of, InFlightIntegrator, SecondBucket};
+use super::timeline::{
+    attribute_record, end_ns, mean_level, second_of, InFlightIntegrator, SecondBucket,
+};
 
 /// Seconds rebuilt from records, plus what the capacity curve needs about each request.
 #[derive(Debug, Clone, Default)]
@@ -27,7 +29,7 @@ impl Timeline {
         let mut events: Vec<(UnixNanos, bool, usize)> = Vec::with_capacity(records.len() * 2);
         for (i, r) in records.iter().enumerate() {
             events.push((r.start_ns(), true, i));
-            events.push((r.end_ns(), false, i));
+            events.push((end_ns(r), false, i));
         }
         events.sort_unstable();
         let mut tl = Timeline::default();
@@ -65,7 +67,7 @@ impl Timeline {
                 .or_default()
                 .requests_started += 1;
             tl.seconds
-                .entry(second_of(r.end_ns()))
+                .entry(second_of(end_ns(r)))
                 .or_default()
                 .add_finished(r);
             let seconds = &mut tl.seconds;

@@ -233,7 +233,7 @@ pub fn spread(
     let mut given = 0.0;
     for sec in lo..=last {
         let a = from.max(sec * NANOS_PER_SEC);
-        let b = to.min((sec + 1) * NANOS_PER_SEC);
+        let b = to.min((sec + 1).saturating_mul(NANOS_PER_SEC));
         // The last second takes the remainder so an unclipped spread sums exactly to `amount`.
         let share = if sec == last && whole {
             amount - given
@@ -245,20 +245,43 @@ pub fn spread(
     }
 }
 
+/// Nanoseconds of a millisecond figure; negative and non-finite values count as 0.
+fn ms_to_ns(ms: f64) -> u64 {
+    if ms.is_finite() && ms > 0.0 {
+        (ms * 1e6).round() as u64
+    } else {
+        0
+    }
+}
+
+/// A record's end (arrival + e2e, or arrival when e2e is unknown), saturating on corrupt input.
+pub fn end_ns(record: &RequestRecord) -> UnixNanos {
+    record
+        .ts_ns
+        .saturating_add(record.e2e_ms.map_or(0, ms_to_ns))
+}
+
+/// A record's TTFT instant when known, saturating on corrupt input.
+pub fn ttft_ns(record: &RequestRecord) -> Option<UnixNanos> {
+    record
+        .ttft_ms
+        .map(|ms| record.ts_ns.saturating_add(ms_to_ns(ms)))
+}
+
 /// The interval a finished request's (remaining) completion tokens are spread over, ending at `end`.
 pub fn generation_interval(record: &RequestRecord, end: UnixNanos) -> (UnixNanos, UnixNanos) {
     let start = record.start_ns().min(end);
     let from = if record.stream == Some(false) {
         start
     } else {
-        record.ttft_ns().unwrap_or(start)
+        ttft_ns(record).unwrap_or(start)
     };
     (from.clamp(start, end), end)
 }
 
 /// The instant prompt tokens are attributed to: the TTFT, else `end`.
 pub fn prompt_instant(record: &RequestRecord, end: UnixNanos) -> UnixNanos {
-    record.ttft_ns().map(|t| t.min(end)).unwrap_or(end)
+    ttft_ns(record).map(|t| t.min(end)).unwrap_or(end)
 }
 
 /// Attributes a finished request's tokens given that `already_attributed` completion tokens went
@@ -290,7 +313,7 @@ pub fn attribute_finish(
 
 /// Attributes a record replayed from a log (no per-event times): `sink(second, gen, prompt)`.
 pub fn attribute_record(record: &RequestRecord, sink: &mut impl FnMut(u64, f64, f64)) {
-    attribute_finish(record, 0.0, record.end_ns(), 0, sink)
+    attribute_finish(record, 0.0, end_ns(record), 0, sink)
 }
 
 /// Integrates the in-flight level over time.
@@ -333,10 +356,15 @@ impl InFlightIntegrator {
             return;
         }
         self.area_ns += self.level as u128 * (to - from) as u128;
-        let mut t = from.max(floor_sec.saturating_mul(NANOS_PER_SEC));
+        // Per-second reports cover at most the last MAX_SPREAD_SECONDS of one step (only a
+        // corrupt record keeps a request open that long); the area stays exact.
+        let recent = to.saturating_sub(MAX_SPREAD_SECONDS * NANOS_PER_SEC);
+        let mut t = from
+            .max(floor_sec.saturating_mul(NANOS_PER_SEC))
+            .max(recent);
         while t < to {
             let sec = second_of(t);
-            let seg_end = to.min((sec + 1) * NANOS_PER_SEC);
+            let seg_end = to.min((sec + 1).saturating_mul(NANOS_PER_SEC));
             sink(sec, self.level, seg_end - t);
             t = seg_end;
         }
