@@ -10,6 +10,7 @@ pub mod config;
 pub mod engine;
 pub mod histogram;
 pub mod http;
+pub mod inflight;
 pub mod live;
 pub mod prometheus;
 pub mod replay;
