@@ -213,3 +213,15 @@ async fn metrics_endpoint_serves_prometheus_text() {
     assert!(body.contains("tokenmeter_requests_in_flight 1\n"));
     assert!(body.contains("tokenmeter_requests_total{model=\"tiny-llama\",outcome=\"ok\"} 2\n"));
 }
+
+#[test]
+fn a_fresh_meter_snapshot_with_nulls_validates() {
+    let v = validator();
+    let base = 1_795_975_200 * NANOS_PER_SEC;
+    let mut m = tokenmeter::meter::Meter::new(MeterConfig::default(), base);
+    let doc = serde_json::to_value(m.snapshot(base + 1, &Default::default()).unwrap()).unwrap();
+    assert_valid(&v, &doc);
+    assert_eq!(doc["windows"]["10s"]["gen_tok_s"], Value::Null);
+    assert_eq!(doc["windows"]["10s"]["in_flight"], Value::Null);
+    assert_eq!(doc["capacity"], serde_json::json!([]));
+}

@@ -317,3 +317,18 @@ pub fn attribute_finish(
 pub fn attribute_record(record: &RequestRecord, sink: &mut impl FnMut(u64, f64, f64)) {
     attribute_finish(record, 0.0, end_ns(record), 0, sink)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_stays_small() {
+        // 1,000 users x 3,600 busy seconds x (8-byte key + bucket) must stay in the low hundreds of MB.
+        assert!(
+            std::mem::size_of::<SecondBucket>() <= 64,
+            "{}",
+            std::mem::size_of::<SecondBucket>()
+        );
+    }
+}
