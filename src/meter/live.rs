@@ -55,7 +55,8 @@ impl std::fmt::Debug for Event {
     }
 }
 
-/// Starts the meter task on the current tokio runtime, its timeline starting now.
+/// Starts the meter task on the current tokio runtime (call it inside one), its timeline
+/// starting now. Validate the config first ([`MeterConfig::validate`]); bad values are clamped.
 pub fn spawn_meter(config: MeterConfig) -> MeterHandle {
     spawn_meter_at(config, Clock::global().now())
 }
