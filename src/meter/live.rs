@@ -30,15 +30,18 @@ enum Event {
         now: UnixNanos,
         record: Arc<RequestRecord>,
     },
-    Snapshot {
-        now: UnixNanos,
-        query: SnapshotQuery,
-        reply: oneshot::Sender<Result<StatsSnapshot, SnapshotError>>,
-    },
+    // Boxed: rare, and it would otherwise widen every channel slot.
+    Snapshot(Box<SnapshotRequest>),
     Prometheus {
         now: UnixNanos,
         reply: oneshot::Sender<String>,
     },
+}
+
+struct SnapshotRequest {
+    now: UnixNanos,
+    query: SnapshotQuery,
+    reply: oneshot::Sender<Result<StatsSnapshot, SnapshotError>>,
 }
 
 /// A cheap, cloneable handle to the meter task. Sending never blocks, locks or logs; events sent
@@ -76,8 +79,8 @@ pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
                 } => meter.request_started(now, id, &user, model.as_deref()),
                 Event::Tokens { now, id, delta } => meter.tokens(now, id, delta),
                 Event::Finish { now, record } => meter.request_finished(now, &record),
-                Event::Snapshot { now, query, reply } => {
-                    let _ = reply.send(meter.snapshot(now, &query));
+                Event::Snapshot(req) => {
+                    let _ = req.reply.send(meter.snapshot(req.now, &req.query));
                 }
                 Event::Prometheus { now, reply } => {
                     let _ = reply.send(meter.prometheus(now));
@@ -140,8 +143,9 @@ impl MeterHandle {
         access_log: &AccessLogCounters,
     ) -> Result<StatsSnapshot, SnapshotError> {
         let (reply, rx) = oneshot::channel();
+        let req = Box::new(SnapshotRequest { now, query, reply });
         self.tx
-            .send(Event::Snapshot { now, query, reply })
+            .send(Event::Snapshot(req))
             .map_err(|_| SnapshotError::Stopped)?;
         let mut snap = rx.await.map_err(|_| SnapshotError::Stopped)??;
         snap.upstream = upstream.to_string();
@@ -156,5 +160,20 @@ impl MeterHandle {
             return String::new();
         }
         rx.await.unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_stay_small() {
+        // Every channel slot is as large as the largest event; keep it at a start's size.
+        assert!(
+            std::mem::size_of::<Event>() <= 56,
+            "{}",
+            std::mem::size_of::<Event>()
+        );
     }
 }
