@@ -18,7 +18,7 @@ pub const STATS_SCHEMA: u32 = 1;
 /// Filters of a snapshot (`/stats?user=NAME&window=60s`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SnapshotQuery {
-    /// Only this user in `users` (an unknown or expired user gives an empty `users`).
+    /// Only this user in `users` (an unknown, expired or folded user gives an empty `users`).
     pub user: Option<String>,
     /// Only this window (e.g. `"60s"`) everywhere; it must be a configured window.
     pub window: Option<String>,
