@@ -62,6 +62,8 @@ pub struct ServeConfig {
     pub timeouts: Timeouts,
     /// Who is the user.
     pub users: UsersConfig,
+    /// The live meter: windows, user caps, cold starts.
+    pub meter: crate::meter::MeterConfig,
 }
 
 impl Default for ServeConfig {
@@ -82,6 +84,7 @@ impl Default for ServeConfig {
             shutdown_grace_s: 30,
             timeouts: Timeouts::default(),
             users: UsersConfig::default(),
+            meter: crate::meter::MeterConfig::default(),
         }
     }
 }
@@ -206,6 +209,9 @@ impl ServeConfig {
         if self.users.require_known_key && self.users.api_keys.is_empty() {
             bail!("users.require_known_key needs users.api_keys");
         }
+        self.meter
+            .validate()
+            .map_err(|e| anyhow::anyhow!("meter: {e}"))?;
         Ok(())
     }
 

@@ -449,9 +449,7 @@ impl TestProxy {
             ..Default::default()
         };
         tweak(&mut config);
-        let handle = tokenmeter::proxy::spawn(config, Vec::new(), None)
-            .await
-            .unwrap();
+        let handle = tokenmeter::proxy::spawn(config, Vec::new()).await.unwrap();
         let addr = handle.addr();
         TestProxy {
             handle: Some(handle),
