@@ -25,23 +25,43 @@ fn parse_events(body: &str) -> Vec<String> {
 fn event_shapes(events: &[String]) -> Vec<String> {
     events
         .iter()
-        .map(|e| if e == "[DONE]" { e.clone() } else { shape(&serde_json::from_str::<Value>(e).unwrap()) })
+        .map(|e| {
+            if e == "[DONE]" {
+                e.clone()
+            } else {
+                shape(&serde_json::from_str::<Value>(e).unwrap())
+            }
+        })
         .collect()
 }
 
 /// Streams `req` and checks it against fixture `name`: same event shapes in the same order, one
 /// event per HTTP chunk, vLLM's headers.
-async fn check_stream(addr: std::net::SocketAddr, path: &str, req: &str, name: &str, sort: bool) -> Vec<String> {
+async fn check_stream(
+    addr: std::net::SocketAddr,
+    path: &str,
+    req: &str,
+    name: &str,
+    sort: bool,
+) -> Vec<String> {
     let r = post(addr, path, req).await;
     let (status, headers, body) = fixture(name);
     assert_eq!(r.status, status);
-    let want_ct = headers.iter().find(|(k, _)| k == "content-type").unwrap().1.clone();
+    let want_ct = headers
+        .iter()
+        .find(|(k, _)| k == "content-type")
+        .unwrap()
+        .1
+        .clone();
     assert_eq!(r.header("content-type"), Some(want_ct.as_str()));
     assert_eq!(r.header("transfer-encoding"), Some("chunked"));
     let got = r.events();
     assert_eq!(r.chunks.len(), got.len(), "one event per chunk");
     for (_, c) in &r.chunks {
-        assert!(c.starts_with("data: ") && c.ends_with("\n\n") && c.matches("data: ").count() == 1, "{c:?}");
+        assert!(
+            c.starts_with("data: ") && c.ends_with("\n\n") && c.matches("data: ").count() == 1,
+            "{c:?}"
+        );
     }
     let mut a = event_shapes(&got);
     let mut b = event_shapes(&parse_events(&body));
@@ -58,7 +78,11 @@ async fn check_full(addr: std::net::SocketAddr, path: &str, req: &str, name: &st
     let (status, _, body) = fixture(name);
     assert_eq!(r.status, status);
     assert_eq!(r.header("content-type"), Some("application/json"));
-    assert_eq!(r.header("content-length").map(|v| v.parse::<usize>().unwrap()), Some(r.body.len()));
+    assert_eq!(
+        r.header("content-length")
+            .map(|v| v.parse::<usize>().unwrap()),
+        Some(r.body.len())
+    );
     let got = r.json();
     let want: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(shape(&got), shape(&want), "{name}: shape differs");
@@ -75,20 +99,42 @@ async fn chat_streams_match_fixtures() {
     let sim = start(wire_cfg()).await;
     let a = sim.addr();
     let base = r#""model":"tiny-llama","messages":[{"role":"user","content":"def hello():"}],"temperature":0"#;
-    let ev = check_stream(a, "/v1/chat/completions", &format!("{{{base},\"max_tokens\":5,\"stream\":true}}"), "02_chat_stream_plain", false).await;
+    let ev = check_stream(
+        a,
+        "/v1/chat/completions",
+        &format!("{{{base},\"max_tokens\":5,\"stream\":true}}"),
+        "02_chat_stream_plain",
+        false,
+    )
+    .await;
     assert_eq!(ev.last().unwrap(), "[DONE]");
     let ev = check_stream(a, "/v1/chat/completions", &format!("{{{base},\"max_tokens\":5,\"stream\":true,\"stream_options\":{{\"include_usage\":true}}}}"), "03_chat_stream_usage", false).await;
     let u = usage_of(&ev);
-    assert_eq!((u["prompt_tokens"].as_u64(), u["completion_tokens"].as_u64(), u["total_tokens"].as_u64()), (Some(10), Some(5), Some(15)));
+    assert_eq!(
+        (
+            u["prompt_tokens"].as_u64(),
+            u["completion_tokens"].as_u64(),
+            u["total_tokens"].as_u64()
+        ),
+        (Some(10), Some(5), Some(15))
+    );
     let ev = check_stream(a, "/v1/chat/completions", &format!("{{{base},\"max_tokens\":5,\"stream\":true,\"stream_options\":{{\"include_usage\":true,\"continuous_usage_stats\":true}}}}"), "04_chat_stream_usage_continuous", false).await;
     let cum: Vec<u64> = ev[..ev.len() - 2]
         .iter()
-        .map(|e| serde_json::from_str::<Value>(e).unwrap()["usage"]["completion_tokens"].as_u64().unwrap())
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["usage"]["completion_tokens"]
+                .as_u64()
+                .unwrap()
+        })
         .collect();
     assert_eq!(cum, vec![0, 1, 2, 3, 4, 5]);
     let ev = check_stream(a, "/v1/chat/completions", &format!("{{{base},\"max_tokens\":3,\"n\":2,\"seed\":1,\"stream\":true,\"stream_options\":{{\"include_usage\":true}}}}"), "05_chat_stream_usage_n2", true).await;
     let idx = |e: &str| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["index"].as_u64();
-    assert_eq!((idx(&ev[0]), idx(&ev[1])), (Some(0), Some(1)), "role events of both choices come first");
+    assert_eq!(
+        (idx(&ev[0]), idx(&ev[1])),
+        (Some(0), Some(1)),
+        "role events of both choices come first"
+    );
     assert!(ev[0].contains("\"role\":\"assistant\"") && ev[1].contains("\"role\":\"assistant\""));
     assert_eq!(usage_of(&ev)["completion_tokens"].as_u64(), Some(6));
     let x = r#""model":"tiny-llama","messages":[{"role":"user","content":"x"}],"temperature":0"#;
@@ -103,19 +149,54 @@ async fn completions_and_non_streaming_match_fixtures() {
     let a = sim.addr();
     let ev = check_stream(a, "/v1/completions", r#"{"model":"tiny-llama","prompt":"def hello():","max_tokens":4,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}"#, "09_completions_stream_usage", false).await;
     assert_eq!(usage_of(&ev)["prompt_tokens"].as_u64(), Some(4));
-    let v = check_full(a, "/v1/completions", r#"{"model":"tiny-llama","prompt":"def hello():","max_tokens":4,"temperature":0}"#, "10_completions_nonstream").await;
-    assert_eq!(keys(&v), keys(&serde_json::from_str(&fixture("10_completions_nonstream").2).unwrap()));
+    let v = check_full(
+        a,
+        "/v1/completions",
+        r#"{"model":"tiny-llama","prompt":"def hello():","max_tokens":4,"temperature":0}"#,
+        "10_completions_nonstream",
+    )
+    .await;
+    assert_eq!(
+        keys(&v),
+        keys(&serde_json::from_str(&fixture("10_completions_nonstream").2).unwrap())
+    );
     let v = check_full(a, "/v1/chat/completions", r#"{"model":"tiny-llama","messages":[{"role":"user","content":"def hello():"}],"max_tokens":16,"temperature":0}"#, "01_chat_nonstream").await;
     assert_eq!(v["usage"]["completion_tokens"].as_u64(), Some(16));
-    assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap().split_whitespace().count(), 16, "one word per token");
-    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-") && v["id"].as_str().unwrap().len() == 9 + 16);
+    assert_eq!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        16,
+        "one word per token"
+    );
+    assert!(
+        v["id"].as_str().unwrap().starts_with("chatcmpl-")
+            && v["id"].as_str().unwrap().len() == 9 + 16
+    );
     let v = check_full(a, "/v1/chat/completions", r#"{"model":"tiny-llama","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"import os"}],"max_tokens":40,"ignore_eos":true,"seed":7}"#, "08_chat_nonstream_ignore_eos").await;
-    assert_eq!(v["usage"]["prompt_tokens"].as_u64(), Some((4 + 4) + (3 + 4) + 3));
+    assert_eq!(
+        v["usage"]["prompt_tokens"].as_u64(),
+        Some((4 + 4) + (3 + 4) + 3)
+    );
     let v = check_full(a, "/v1/chat/completions", r#"{"model":"tiny-llama","messages":[{"role":"user","content":"x"}],"max_completion_tokens":3,"temperature":0}"#, "13_chat_max_completion_tokens").await;
     assert_eq!(v["usage"]["completion_tokens"].as_u64(), Some(3));
-    let v = check_full(a, "/v1/chat/completions", r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":2,"temperature":0}"#, "14_chat_no_model_field").await;
+    let v = check_full(
+        a,
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":2,"temperature":0}"#,
+        "14_chat_no_model_field",
+    )
+    .await;
     assert_eq!(v["model"].as_str(), Some("tiny-llama"));
-    check_full(a, "/v1/chat/completions", r#"{"model":"tiny-llama","messages":[{"role":"wizard","content":"hi"}],"max_tokens":2}"#, "e16_bad_role").await;
+    check_full(
+        a,
+        "/v1/chat/completions",
+        r#"{"model":"tiny-llama","messages":[{"role":"wizard","content":"hi"}],"max_tokens":2}"#,
+        "e16_bad_role",
+    )
+    .await;
     sim.shutdown().await;
 }
 
@@ -124,7 +205,10 @@ async fn error_bodies_match_fixtures_exactly() {
     let sim = start(wire_cfg()).await;
     let a = sim.addr();
     let long: Vec<String> = (0..2500).map(|i| format!("zq{i}")).collect();
-    let long_req = format!(r#"{{"model":"tiny-llama","messages":[{{"role":"user","content":"{}"}}],"max_tokens":2}}"#, long.join(" "));
+    let long_req = format!(
+        r#"{{"model":"tiny-llama","messages":[{{"role":"user","content":"{}"}}],"max_tokens":2}}"#,
+        long.join(" ")
+    );
     let cases: Vec<(&str, &str, Option<&str>, String)> = vec![
         ("e01_invalid_json", "POST", Some("application/json"), r#"{"model": "x", "messages": [ "#.into()),
         ("e02_unknown_model", "POST", Some("application/json"), r#"{"model":"no-such-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#.into()),
@@ -152,8 +236,15 @@ async fn error_bodies_match_fixtures_exactly() {
         }
     }
     let r = post(a, "/v1/nope", "{}").await;
-    assert_eq!((r.status, r.body.as_str()), (404, fixture("e09_unknown_path").2.as_str()));
-    assert_eq!(sim.counters().generation_tokens_total, 0, "rejected requests generate nothing");
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (404, fixture("e09_unknown_path").2.as_str())
+    );
+    assert_eq!(
+        sim.counters().generation_tokens_total,
+        0,
+        "rejected requests generate nothing"
+    );
     sim.shutdown().await;
 }
 
@@ -162,27 +253,50 @@ async fn info_routes_match_fixtures() {
     let sim = start(wire_cfg()).await;
     let a = sim.addr();
     let r = request(a, "GET", "/health", None, "").await;
-    assert_eq!((r.status, r.body.as_str(), r.header("content-length")), (200, "", Some("0")));
+    assert_eq!(
+        (r.status, r.body.as_str(), r.header("content-length")),
+        (200, "", Some("0"))
+    );
     let r = request(a, "GET", "/v1/models", None, "").await;
     let want: Value = serde_json::from_str(&fixture("00_models").2).unwrap();
     assert_eq!(shape(&r.json()), shape(&want));
     assert_eq!(r.json()["data"][0]["id"].as_str(), Some("tiny-llama"));
     assert_eq!(r.json()["data"][0]["max_model_len"].as_u64(), Some(2048));
     let r = request(a, "GET", "/version", None, "").await;
-    assert_eq!(shape(&r.json()), shape(&serde_json::from_str(&fixture("00_version").2).unwrap()));
+    assert_eq!(
+        shape(&r.json()),
+        shape(&serde_json::from_str(&fixture("00_version").2).unwrap())
+    );
     sim.shutdown().await;
 }
 
 #[tokio::test]
 async fn per_request_metrics_fill_the_metrics_field() {
-    let sim = start(SimConfig { per_request_metrics: true, ..wire_cfg() }).await;
-    let r = post(sim.addr(), "/v1/chat/completions", r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":3}"#).await;
+    let sim = start(SimConfig {
+        per_request_metrics: true,
+        ..wire_cfg()
+    })
+    .await;
+    let r = post(
+        sim.addr(),
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":3}"#,
+    )
+    .await;
     let m = &r.json()["metrics"];
-    for k in ["queue_time_ms", "time_to_first_token_ms", "mean_itl_ms", "e2e_ms"] {
+    for k in [
+        "queue_time_ms",
+        "time_to_first_token_ms",
+        "mean_itl_ms",
+        "e2e_ms",
+    ] {
         assert!(m[k].as_f64().is_some(), "{k} in {m}");
     }
     // Three tokens with one running sequence: each gap is one step of 1.0 + 0.1 ms.
-    assert!((m["mean_itl_ms"].as_f64().unwrap() - 1.1).abs() < 1e-9, "{m}");
+    assert!(
+        (m["mean_itl_ms"].as_f64().unwrap() - 1.1).abs() < 1e-9,
+        "{m}"
+    );
     let e2e = m["e2e_ms"].as_f64().unwrap();
     let ttft = m["time_to_first_token_ms"].as_f64().unwrap();
     assert!((e2e - ttft - 2.2).abs() < 1e-6, "e2e {e2e} ttft {ttft}");

@@ -15,7 +15,11 @@ pub async fn start(cfg: SimConfig) -> SimHandle {
 
 /// A quiet config: no stop rule, no stats log.
 pub fn cfg() -> SimConfig {
-    SimConfig { stop_probability_per_token: 0.0, log_stats_interval_s: 0.0, ..SimConfig::default() }
+    SimConfig {
+        stop_probability_per_token: 0.0,
+        log_stats_interval_s: 0.0,
+        ..SimConfig::default()
+    }
 }
 
 /// A parsed HTTP response; `chunks` are the body's HTTP chunks with their arrival times.
@@ -30,7 +34,10 @@ pub struct Resp {
 
 impl Resp {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
     /// `data:` payloads of an SSE body, in order.
     pub fn events(&self) -> Vec<String> {
@@ -45,12 +52,22 @@ impl Resp {
 pub fn sse_events(body: &str) -> Vec<String> {
     body.split("\n\n")
         .filter(|e| !e.trim().is_empty())
-        .map(|e| e.strip_prefix("data: ").unwrap_or_else(|| panic!("bad event {e:?}")).to_string())
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("bad event {e:?}"))
+                .to_string()
+        })
         .collect()
 }
 
 /// Sends one request on a fresh connection and reads the whole response.
-pub async fn request(addr: std::net::SocketAddr, method: &str, path: &str, ct: Option<&str>, body: &str) -> Resp {
+pub async fn request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    ct: Option<&str>,
+    body: &str,
+) -> Resp {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.set_nodelay(true).unwrap();
     send(&mut s, method, path, ct, body).await;
@@ -65,7 +82,10 @@ pub async fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> Resp {
 
 /// Writes a request.
 pub async fn send(s: &mut TcpStream, method: &str, path: &str, ct: Option<&str>, body: &str) {
-    let mut req = format!("{method} {path} HTTP/1.1\r\nhost: test\r\ncontent-length: {}\r\n", body.len());
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: test\r\ncontent-length: {}\r\n",
+        body.len()
+    );
     if let Some(ct) = ct {
         req.push_str(&format!("content-type: {ct}\r\n"));
     }
@@ -85,7 +105,14 @@ pub async fn read_response(s: &mut TcpStream, sent_at: Instant) -> Resp {
     };
     let head = String::from_utf8(buf[..head_end].to_vec()).unwrap();
     let mut lines = head.split("\r\n");
-    let status: u16 = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let status: u16 = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     let headers: Vec<(String, String)> = lines
         .map(|l| {
             let (k, v) = l.split_once(':').unwrap();
@@ -111,7 +138,9 @@ pub async fn read_response(s: &mut TcpStream, sent_at: Instant) -> Resp {
                 }
                 read_more(s, &mut rest).await;
             };
-            let size = usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap().trim(), 16).unwrap();
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap().trim(), 16)
+                    .unwrap();
             while rest.len() < line_end + 2 + size + 2 {
                 read_more(s, &mut rest).await;
             }
@@ -125,13 +154,26 @@ pub async fn read_response(s: &mut TcpStream, sent_at: Instant) -> Resp {
         }
         body
     };
-    Resp { status, headers, body, chunks, sent_at }
+    Resp {
+        status,
+        headers,
+        body,
+        chunks,
+        sent_at,
+    }
 }
 
 async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) {
     let mut tmp = [0u8; 16384];
-    let n = tokio::time::timeout(Duration::from_secs(30), s.read(&mut tmp)).await.expect("read timed out").unwrap();
-    assert!(n > 0, "connection closed early; got {:?}", String::from_utf8_lossy(buf));
+    let n = tokio::time::timeout(Duration::from_secs(30), s.read(&mut tmp))
+        .await
+        .expect("read timed out")
+        .unwrap();
+    assert!(
+        n > 0,
+        "connection closed early; got {:?}",
+        String::from_utf8_lossy(buf)
+    );
     buf.extend_from_slice(&tmp[..n]);
 }
 
@@ -141,11 +183,21 @@ fn find(h: &[u8], n: &[u8]) -> Option<usize> {
 
 /// A recorded fixture: status, headers, body.
 pub fn fixture(name: &str) -> (u16, Vec<(String, String)>, String) {
-    let path = format!("{}/tests/fixtures/vllm/{name}.http", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/tests/fixtures/vllm/{name}.http",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let text = std::fs::read_to_string(&path).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
     let mut lines = head.lines();
-    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     let headers = lines
         .map(|l| {
             let (k, v) = l.split_once(':').unwrap();
@@ -157,7 +209,9 @@ pub fn fixture(name: &str) -> (u16, Vec<(String, String)>, String) {
 
 /// Top-level key order of a JSON object.
 pub fn keys(v: &serde_json::Value) -> Vec<String> {
-    v.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default()
+    v.as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default()
 }
 
 /// The shape of a value: object keys recursively (in order), arrays by their elements' shapes,
