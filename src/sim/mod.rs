@@ -185,13 +185,16 @@ pub async fn spawn(
         jobs: jobs_tx,
         started_s: Clock::global().now() / NANOS_PER_SEC,
     });
+    let engine_done = spawn_engine_thread(
+        config.clone(),
+        Arc::clone(&stats),
+        jobs_rx,
+        shutdown_rx.clone(),
+    )?;
     let mut tasks = vec![
-        tokio::spawn(scheduler::run(
-            config.clone(),
-            Arc::clone(&stats),
-            jobs_rx,
-            shutdown_rx.clone(),
-        )),
+        tokio::spawn(async move {
+            let _ = engine_done.await;
+        }),
         tokio::spawn(http::serve(listener, app, shutdown_rx.clone())),
     ];
     if config.log_stats_interval_s > 0.0 {
@@ -208,6 +211,27 @@ pub async fn spawn(
         shutdown,
         tasks,
     })
+}
+
+/// Runs the engine on its own thread with a single-threaded runtime, so that its step timer is not
+/// delayed behind thousands of connection tasks on the caller's runtime. Resolves when it ends.
+fn spawn_engine_thread(
+    config: SimConfig,
+    stats: Arc<metrics::Stats>,
+    jobs: mpsc::UnboundedReceiver<scheduler::ChannelJob>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<tokio::sync::oneshot::Receiver<()>> {
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    std::thread::Builder::new()
+        .name("sim-engine".into())
+        .spawn(move || {
+            rt.block_on(scheduler::run(config, stats, jobs, shutdown));
+            let _ = done_tx.send(());
+        })?;
+    Ok(done_rx)
 }
 
 impl SimHandle {
