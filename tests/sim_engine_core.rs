@@ -88,6 +88,11 @@ fn step_durations_follow_the_formula() {
     assert_eq!(e.begin_step(0), Some(24_300_000));
     e.finish_step(24_300_000, 0);
     assert_eq!(r.tokens(), 1, "first token at the end of the prefill step");
+    assert_eq!(
+        stats.kv_tokens.load(Relaxed),
+        80 + 1,
+        "KV holds prompt + generated tokens"
+    );
     assert_eq!(e.begin_step(24_300_000), Some(14_300_000));
     // Four more requests join: the step costs 5 running + their prefill (4 × 80 tokens = 40 ms).
     let rs: Vec<Rec> = (0..4)

@@ -306,3 +306,24 @@ async fn per_request_metrics_fill_the_metrics_field() {
     assert!(last["metrics"]["e2e_ms"].as_f64().is_some());
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn stream_headers_are_sent_before_the_first_token() {
+    // A 1,600-character prompt (407 tokens) at 2,000 tok/s: about 200 ms of prefill.
+    let sim = start(SimConfig {
+        prefill_tok_s: 2000.0,
+        ..wire_cfg()
+    })
+    .await;
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"{}"}}],"max_tokens":2,"stream":true}}"#,
+        "abcd".repeat(400)
+    );
+    let r = post(sim.addr(), "/v1/chat/completions", &body).await;
+    let to_head = r.head_at.duration_since(r.sent_at).as_secs_f64() * 1e3;
+    let to_first = r.chunks[0].0.duration_since(r.sent_at).as_secs_f64() * 1e3;
+    assert!(to_head < 100.0, "headers after {to_head} ms");
+    assert!(to_first > 190.0, "first event after {to_first} ms");
+    assert!(r.chunks[0].1.contains("\"role\":\"assistant\""));
+    sim.shutdown().await;
+}

@@ -35,6 +35,14 @@ pub struct SimArgs {
     /// TOML file with [`SimConfig`] fields.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Flags that override config fields (boxed: keeps the CLI enum small).
+    #[command(flatten)]
+    pub overrides: Box<SimOverrides>,
+}
+
+/// `tokenmeter sim` flags that override [`SimConfig`] fields.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimOverrides {
     /// Maximum running sequences.
     #[arg(long)]
     pub max_num_seqs: Option<u32>,
@@ -85,15 +93,16 @@ impl SimArgs {
             }
             None => SimConfig::default(),
         };
+        let o = &self.overrides;
         macro_rules! set {
-            ($($f:ident => $t:ident),*) => { $(if let Some(v) = self.$f.clone() { c.$t = v; })* };
+            ($($f:ident => $t:ident),*) => { $(if let Some(v) = o.$f.clone() { c.$t = v; })* };
         }
         set!(max_num_seqs => max_num_seqs, step_base_ms => step_base_ms, step_per_seq_ms => step_per_seq_ms,
              prefill_tok_s => prefill_tok_s, cold_start_ms => cold_start_ms, model => served_model_name,
              max_model_len => max_model_len, fixed_ttft_ms => fixed_ttft_ms, fixed_gap_ms => fixed_gap_ms);
-        c.fixed_pace |= self.fixed_pace;
-        c.stamp_events |= self.stamp_events;
-        c.per_request_metrics |= self.per_request_metrics;
+        c.fixed_pace |= o.fixed_pace;
+        c.stamp_events |= o.stamp_events;
+        c.per_request_metrics |= o.per_request_metrics;
         c.validate()?;
         Ok(c)
     }

@@ -30,6 +30,8 @@ pub struct Resp {
     pub body: String,
     pub chunks: Vec<(Instant, String)>,
     pub sent_at: Instant,
+    /// When the response head (status + headers) was complete.
+    pub head_at: Instant,
 }
 
 impl Resp {
@@ -103,6 +105,7 @@ pub async fn read_response(s: &mut TcpStream, sent_at: Instant) -> Resp {
         }
         read_more(s, &mut buf).await;
     };
+    let head_at = Instant::now();
     let head = String::from_utf8(buf[..head_end].to_vec()).unwrap();
     let mut lines = head.split("\r\n");
     let status: u16 = lines
@@ -160,6 +163,7 @@ pub async fn read_response(s: &mut TcpStream, sent_at: Instant) -> Resp {
         body,
         chunks,
         sent_at,
+        head_at,
     }
 }
 
