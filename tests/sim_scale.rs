@@ -58,13 +58,15 @@ async fn two_thousand_concurrent_streams_keep_the_schedule() {
     let lag = sim.step_lag();
     let mean_rate = rates.iter().sum::<f64>() / rates.len() as f64;
     eprintln!(
-        "{STREAMS} streams × {TOKENS} tokens in {:.2} s: {} tokens generated, {} steps, step lag max {:.3} ms mean {:.3} ms; \
+        "{STREAMS} streams × {TOKENS} tokens in {:.2} s: {} tokens generated, {} steps, step lag max {:.3} ms mean {:.3} ms, {} resyncs, slip {:.1} ms; \
          per-stream decode rate mean {mean_rate:.2} tok/s (formula at full batch {:.2})",
         wall.as_secs_f64(),
         c.generation_tokens_total,
         lag.steps,
         lag.max_ns as f64 / 1e6,
         lag.mean_ns as f64 / 1e6,
+        lag.resyncs,
+        lag.slip_ns as f64 / 1e6,
         1000.0 / step_ms
     );
     assert_eq!(c.generation_tokens_total, STREAMS as u64 * TOKENS);

@@ -240,6 +240,38 @@ async fn error_bodies_match_fixtures_exactly() {
         (r.status, r.body.as_str()),
         (404, fixture("e09_unknown_path").2.as_str())
     );
+    // Not in the fixtures: prompt + max_tokens over the context, n over the batch, missing prompt.
+    let r = post(
+        a,
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":2045}"#,
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "max_tokens");
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("2045 > 2048 - 8"),
+        "{}",
+        r.body
+    );
+    let r = post(
+        a,
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"hi"}],"n":300}"#,
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].as_str()),
+        (400, Some("n"))
+    );
+    let r = post(a, "/v1/completions", r#"{"max_tokens":2}"#).await;
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].as_str()),
+        (400, Some("body.prompt"))
+    );
     assert_eq!(
         sim.counters().generation_tokens_total,
         0,

@@ -29,6 +29,8 @@ pub struct SimConfig {
     pub cold_start_ms: f64,
     /// An idle gap longer than this (seconds) makes the next admission pay `cold_start_ms` again.
     pub idle_reset_s: f64,
+    /// A step waking later than this behind its deadline re-anchors the schedule (see the scheduler).
+    pub resync_lag_ms: f64,
     /// Probability per generated token of an end-of-sequence stop (0 disables stops globally).
     pub stop_probability_per_token: f64,
     /// KV-cache capacity in tokens; `vllm:kv_cache_usage_perc` = tokens held by running sequences / this.
@@ -62,6 +64,7 @@ impl Default for SimConfig {
             prefill_tok_s: 8000.0,
             cold_start_ms: 0.0,
             idle_reset_s: 60.0,
+            resync_lag_ms: 2.0,
             stop_probability_per_token: 0.002,
             kv_cache_tokens: 1_048_576,
             log_stats_interval_s: 10.0,
@@ -90,6 +93,7 @@ impl SimConfig {
             "a step must take some time"
         );
         anyhow::ensure!(self.prefill_tok_s > 0.0, "prefill_tok_s must be > 0");
+        anyhow::ensure!(self.resync_lag_ms >= 0.0, "resync_lag_ms must be >= 0");
         anyhow::ensure!(
             (0.0..1.0).contains(&self.stop_probability_per_token),
             "stop_probability_per_token must be in [0, 1)"

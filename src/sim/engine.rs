@@ -176,7 +176,8 @@ impl<S: Sink> Engine<S> {
         let mut admitted_any = false;
         let max = u64::from(self.cfg.max_num_seqs);
         while let Some(front) = self.waiting.front() {
-            if self.running_seqs + u64::from(front.n) > max {
+            // A request wider than the whole batch runs alone rather than blocking the queue forever.
+            if self.running_seqs + u64::from(front.n) > max && self.running_seqs > 0 {
                 break;
             }
             let Some(job) = self.waiting.pop_front() else {
@@ -265,7 +266,7 @@ impl<S: Sink> Engine<S> {
                 }
                 a.generated[c] += 1;
                 let g = a.generated[c];
-                let finish = if a.job.stop_after[c] == Some(g) {
+                let finish = if a.job.stop_after.get(c).copied().flatten() == Some(g) {
                     Some(Finish::Stop)
                 } else if g >= a.job.max_tokens {
                     Some(Finish::Length)

@@ -102,6 +102,10 @@ pub struct Stats {
     pub lag_max_ns: AtomicU64,
     /// Sum of step lags, nanoseconds.
     pub lag_sum_ns: AtomicU64,
+    /// Steps that re-anchored the schedule because they woke too late.
+    pub resyncs: AtomicU64,
+    /// Total time lost to those late wakes, nanoseconds.
+    pub slip_ns: AtomicU64,
     /// Histograms and finish reasons.
     pub locked: Mutex<Locked>,
     /// Per-second ground truth, lock-free: each slot packs `(unix_second << 32) | tokens`.
@@ -123,6 +127,8 @@ impl Stats {
             steps: z(),
             lag_max_ns: z(),
             lag_sum_ns: z(),
+            resyncs: z(),
+            slip_ns: z(),
             locked: Mutex::new(Locked {
                 ttft: Histogram::new(TTFT_BOUNDS),
                 itl: Histogram::new(ITL_BOUNDS),
@@ -141,6 +147,12 @@ impl Stats {
         self.steps.fetch_add(1, Relaxed);
         self.lag_sum_ns.fetch_add(lag_ns, Relaxed);
         self.lag_max_ns.fetch_max(lag_ns, Relaxed);
+    }
+
+    /// Records a re-anchoring of the schedule after a wake `lag_ns` late.
+    pub fn record_slip(&self, lag_ns: u64) {
+        self.resyncs.fetch_add(1, Relaxed);
+        self.slip_ns.fetch_add(lag_ns, Relaxed);
     }
 
     /// Adds `tokens` to the generated total and to the ring slot of wall second `unix_s`.

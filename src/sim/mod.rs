@@ -118,9 +118,9 @@ pub async fn run_cli(args: SimArgs) -> anyhow::Result<()> {
     let c = handle.counters();
     let lag = handle.step_lag();
     tracing::info!(
-        "sim stopping: {} generation tokens, {} prompt tokens, {} finished, {} aborted; {} steps, lag max {:.3} ms mean {:.3} ms",
+        "sim stopping: {} generation tokens, {} prompt tokens, {} finished, {} aborted; {} steps, lag max {:.3} ms mean {:.3} ms, {} resyncs losing {:.3} ms",
         c.generation_tokens_total, c.prompt_tokens_total, c.requests_finished, c.requests_aborted,
-        lag.steps, lag.max_ns as f64 / 1e6, lag.mean_ns as f64 / 1e6
+        lag.steps, lag.max_ns as f64 / 1e6, lag.mean_ns as f64 / 1e6, lag.resyncs, lag.slip_ns as f64 / 1e6
     );
     handle.shutdown().await;
     Ok(())
@@ -167,6 +167,10 @@ pub struct StepLag {
     pub max_ns: u64,
     /// Mean lag over all steps, nanoseconds.
     pub mean_ns: u64,
+    /// Steps that woke more than `resync_lag_ms` late and re-anchored the schedule.
+    pub resyncs: u64,
+    /// Time lost to those late wakes (the schedule's total slip), nanoseconds.
+    pub slip_ns: u64,
 }
 
 /// A running simulator.
@@ -276,6 +280,8 @@ impl SimHandle {
             steps,
             max_ns: s.lag_max_ns.load(Relaxed),
             mean_ns: s.lag_sum_ns.load(Relaxed).checked_div(steps).unwrap_or(0),
+            resyncs: s.resyncs.load(Relaxed),
+            slip_ns: s.slip_ns.load(Relaxed),
         }
     }
 

@@ -15,8 +15,10 @@ pub type ChannelJob = Job<mpsc::Sender<Ev>>;
 
 /// Runs the engine until `shutdown` flips or every job sender is gone.
 ///
-/// Step k ends at `busy_start + Σ durations` (absolute), slept to with `sleep_until`. Lag (actual wake −
-/// deadline) is recorded, never compensated by shortening steps: a late engine is reported, not hidden.
+/// Step k ends at `busy_start + Σ durations` (absolute), slept to with `sleep_until`, so timer jitter
+/// does not accumulate. Lag (actual wake − deadline) is recorded for every step. A wake later than
+/// `resync_lag_ms` re-anchors the schedule at the actual time instead of catching up with shortened
+/// steps: a late engine is reported (lag, slip), never hidden by compressing the model.
 pub async fn run(
     cfg: SimConfig,
     stats: Arc<Stats>,
@@ -24,6 +26,7 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let clock = Clock::global();
+    let resync_ns = super::config::ms_to_ns(cfg.resync_lag_ms);
     let mut engine: Engine<mpsc::Sender<Ev>> = Engine::new(cfg, Arc::clone(&stats));
     loop {
         if engine.is_idle() {
@@ -52,8 +55,17 @@ pub async fn run(
                 _ = tokio::time::sleep_until(deadline) => {}
                 _ = shutdown.changed() => return,
             }
-            let now_ns = clock.now();
-            stats.record_lag(now_ns.saturating_sub(deadline_ns));
+            let woke = std::time::Instant::now();
+            let now_ns = clock.at(woke);
+            let lag_ns = now_ns.saturating_sub(deadline_ns);
+            stats.record_lag(lag_ns);
+            if lag_ns > resync_ns {
+                // Fallen behind: re-anchor at the real time so the next steps keep their full
+                // durations (no burst of compressed steps); the lost time is reported as slip.
+                stats.record_slip(lag_ns);
+                deadline_ns = now_ns;
+                deadline = tokio::time::Instant::from_std(woke);
+            }
             engine.finish_step(deadline_ns, now_ns / NANOS_PER_SEC);
         }
     }

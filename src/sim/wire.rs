@@ -135,9 +135,11 @@ impl StreamWriter {
         };
         let mut s = String::with_capacity(self.head.len() + 200);
         s.push_str(&self.head);
+        // Static text: nothing allocated per token beyond the event itself.
         let reason = match finish {
-            Some(f) => format!("\"{}\",\"stop_reason\":null", f.as_str()),
-            None => "null".to_string(),
+            Some(Finish::Length) => "\"length\",\"stop_reason\":null",
+            Some(Finish::Stop) => "\"stop\",\"stop_reason\":null",
+            None => "null",
         };
         match self.endpoint {
             Endpoint::Chat => {
