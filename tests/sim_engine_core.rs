@@ -280,3 +280,34 @@ fn stop_rule_and_n_choices() {
     // 3 steps with 2 sequences, then 3 with one.
     assert_eq!(end, 3 * 16_400_000 + 3 * 14_300_000);
 }
+
+#[test]
+fn a_request_abandoned_while_queued_is_aborted_without_tokens() {
+    let (mut e, stats) = new_engine(SimConfig {
+        max_num_seqs: 1,
+        prefill_tok_s: 1e12,
+        ..cfg()
+    });
+    let (j1, r1) = job(4, 3, 1, 0);
+    let (j2, r2) = job(4, 3, 1, 0);
+    e.submit(j1);
+    e.submit(j2);
+    let mut t = e.begin_step(0).unwrap();
+    assert_eq!(stats.waiting.load(Relaxed), 1);
+    r2.closed.set(true);
+    e.finish_step(t, 0);
+    t += e.begin_step(t).unwrap();
+    assert_eq!(
+        (stats.waiting.load(Relaxed), stats.aborted.load(Relaxed)),
+        (0, 1)
+    );
+    e.finish_step(t, 0);
+    run_until_idle(&mut e, t);
+    assert_eq!((r1.tokens(), r2.tokens()), (3, 0));
+    assert_eq!(stats.generation_tokens_total.load(Relaxed), 3);
+    assert_eq!(
+        stats.prompt_tokens_total.load(Relaxed),
+        4,
+        "never prefilled"
+    );
+}

@@ -61,3 +61,34 @@ async fn fixed_pace_emits_stamped_events_on_schedule() {
     assert_eq!(sim.counters().requests_finished, 1);
     sim.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_pace_non_streaming_answers_after_the_whole_schedule() {
+    let sim = start(SimConfig {
+        fixed_pace: true,
+        fixed_ttft_ms: 30.0,
+        fixed_gap_ms: 10.0,
+        ..cfg()
+    })
+    .await;
+    let t0 = std::time::Instant::now();
+    let r = post(
+        sim.addr(),
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":5,"n":2}"#,
+    )
+    .await;
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    assert!(ms >= 70.0, "30 ms + 4 gaps of 10 ms, got {ms}");
+    assert_eq!(r.json()["usage"]["completion_tokens"].as_u64(), Some(10));
+    let c = sim.counters();
+    assert_eq!(
+        (
+            c.generation_tokens_total,
+            c.requests_finished,
+            c.requests_running
+        ),
+        (10, 1, 0)
+    );
+    sim.shutdown().await;
+}
