@@ -291,3 +291,41 @@ async fn steps_shorter_than_the_timer_resolution_resync_instead_of_bursting() {
     assert!(lag.max_ns > 500_000, "{lag:?}");
     sim.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_arriving_mid_step_counts_as_waiting_until_the_boundary() {
+    let sim = start(SimConfig {
+        step_base_ms: 300.0,
+        step_per_seq_ms: 0.0,
+        ..cfg()
+    })
+    .await;
+    let a = sim.addr();
+    let first =
+        tokio::spawn(async move { post(a, "/v1/chat/completions", &stream_body("w1", 2)).await });
+    assert!(eventually(|| sim.counters().requests_running == 1).await);
+    let t0 = Instant::now();
+    let second =
+        tokio::spawn(async move { post(a, "/v1/chat/completions", &stream_body("w2", 1)).await });
+    assert!(eventually(|| sim.counters().requests_waiting == 1).await);
+    assert!(
+        t0.elapsed() < Duration::from_millis(250),
+        "seen as waiting before the step boundary"
+    );
+    assert!(
+        eventually(|| sim.counters().requests_running == 2).await,
+        "admitted at the boundary"
+    );
+    first.await.unwrap();
+    second.await.unwrap();
+    let c = sim.counters();
+    assert_eq!(
+        (
+            c.requests_waiting,
+            c.requests_running,
+            c.generation_tokens_total
+        ),
+        (0, 0, 3)
+    );
+    sim.shutdown().await;
+}

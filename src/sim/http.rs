@@ -188,7 +188,13 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, req: Request<Incoming>) -> 
         arrival_ns,
         sink: tx,
     };
+    app.stats
+        .inflight
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if app.jobs.send(job).is_err() {
+        app.stats
+            .inflight
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         return api_error(request::error(
             503,
             "ServiceUnavailableError",

@@ -88,8 +88,11 @@ pub struct Stats {
     pub prompt_tokens_total: AtomicU64,
     /// Sequences in the running batch.
     pub running: AtomicU64,
-    /// Requests waiting for a slot (n > 1 counts as one request).
+    /// Requests in the engine's queue waiting for a slot (n > 1 counts as one request).
     pub waiting: AtomicU64,
+    /// Requests accepted by the HTTP side but not yet taken in by the engine (it drains its input
+    /// at step boundaries); they are waiting too.
+    pub inflight: AtomicU64,
     /// Requests finished normally (stop or length).
     pub finished: AtomicU64,
     /// Requests aborted by the client disconnecting.
@@ -121,6 +124,7 @@ impl Stats {
             prompt_tokens_total: z(),
             running: z(),
             waiting: z(),
+            inflight: z(),
             finished: z(),
             aborted: z(),
             kv_tokens: z(),
@@ -140,6 +144,11 @@ impl Stats {
                 .map(|_| AtomicU64::new(u64::MAX))
                 .collect(),
         }
+    }
+
+    /// All waiting requests: queued in the engine or handed over but not yet drained.
+    pub fn waiting_total(&self) -> u64 {
+        self.waiting.load(Relaxed) + self.inflight.load(Relaxed)
     }
 
     /// Records one step's lag.
@@ -218,7 +227,7 @@ pub fn render(stats: &Stats, model: &str, kv_capacity: u64) -> String {
         "vllm:num_requests_waiting",
         "Number of requests waiting to be processed.",
         "gauge",
-        stats.waiting.load(Relaxed) as f64,
+        stats.waiting_total() as f64,
     );
     let kv = stats.kv_tokens.load(Relaxed) as f64 / kv_capacity.max(1) as f64;
     g(

@@ -260,7 +260,7 @@ impl SimHandle {
             generation_tokens_total: s.generation_tokens_total.load(Relaxed),
             prompt_tokens_total: s.prompt_tokens_total.load(Relaxed),
             requests_running: s.running.load(Relaxed),
-            requests_waiting: s.waiting.load(Relaxed),
+            requests_waiting: s.waiting_total(),
             requests_finished: s.finished.load(Relaxed),
             requests_aborted: s.aborted.load(Relaxed),
         }

@@ -1,5 +1,6 @@
 //! The engine's async shell: one task, one timer per step, absolute deadlines (no drift).
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +33,10 @@ pub async fn run(
         if engine.is_idle() {
             tokio::select! {
                 job = jobs.recv() => match job {
-                    Some(j) => engine.submit(j),
+                    Some(j) => {
+                        stats.inflight.fetch_sub(1, Relaxed);
+                        engine.submit(j);
+                    }
                     None => return,
                 },
                 _ = shutdown.changed() => return,
@@ -44,6 +48,7 @@ pub async fn run(
         let mut deadline = tokio::time::Instant::from_std(base);
         loop {
             while let Ok(j) = jobs.try_recv() {
+                stats.inflight.fetch_sub(1, Relaxed);
                 engine.submit(j);
             }
             let Some(dur_ns) = engine.begin_step(deadline_ns) else {

@@ -30,7 +30,7 @@ impl Snapshot {
             prompt_tokens: stats.prompt_tokens_total.load(Relaxed),
             generation_tokens: stats.generation_tokens_total.load(Relaxed),
             running: stats.running.load(Relaxed),
-            waiting: stats.waiting.load(Relaxed),
+            waiting: stats.waiting_total(),
             kv_tokens: stats.kv_tokens.load(Relaxed),
         }
     }
