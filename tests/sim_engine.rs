@@ -329,3 +329,40 @@ async fn a_request_arriving_mid_step_counts_as_waiting_until_the_boundary() {
     );
     sim.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_client_leaving_while_queued_is_aborted_before_admission() {
+    let sim = start(SimConfig {
+        max_num_seqs: 1,
+        step_base_ms: 5.0,
+        step_per_seq_ms: 0.0,
+        ..cfg()
+    })
+    .await;
+    let a = sim.addr();
+    let first =
+        tokio::spawn(
+            async move { post(a, "/v1/chat/completions", &stream_body("busy", 40)).await },
+        );
+    assert!(eventually(|| sim.counters().requests_running == 1).await);
+    let mut s = TcpStream::connect(a).await.unwrap();
+    send(
+        &mut s,
+        "POST",
+        "/v1/chat/completions",
+        Some("application/json"),
+        &stream_body("leaver", 40),
+    )
+    .await;
+    assert!(eventually(|| sim.counters().requests_waiting == 1).await);
+    drop(s);
+    first.await.unwrap();
+    assert!(eventually(|| sim.counters().requests_aborted == 1).await);
+    let c = sim.counters();
+    assert_eq!(
+        c.generation_tokens_total, 40,
+        "the queued request never generated: {c:?}"
+    );
+    assert_eq!((c.requests_waiting, c.requests_running), (0, 0));
+    sim.shutdown().await;
+}
