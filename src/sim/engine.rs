@@ -104,6 +104,17 @@ struct Active<S> {
     itl_sum_ns: u64,
     itl_count: u64,
     last_finish: Finish,
+    /// Per choice, what the current step produced (delivered after the counters are updated).
+    step_out: Vec<StepOut>,
+    /// Set when the request finished in the current step.
+    timings: Option<Timings>,
+}
+
+/// What one step produced for one sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepOut {
+    Nothing,
+    Token(Option<Finish>),
 }
 
 /// The continuous-batching engine.
@@ -200,6 +211,8 @@ impl<S: Sink> Engine<S> {
                 itl_sum_ns: 0,
                 itl_count: 0,
                 last_finish: Finish::Length,
+                step_out: vec![StepOut::Nothing; n],
+                timings: None,
                 job,
             });
             admitted_any = true;
@@ -237,85 +250,92 @@ impl<S: Sink> Engine<S> {
 
     /// Completes the step ending at `end_ns`: every sequence in the batch gets one token; finished
     /// requests are reported. `wall_unix_s` is the wall second the tokens are attributed to.
-    /// Returns the number of tokens generated.
+    /// The ground-truth counters are updated before any event is delivered, so a client that has
+    /// seen a token can rely on the counters including it. Returns the number of tokens generated.
     pub fn finish_step(&mut self, end_ns: u64, wall_unix_s: u64) -> u64 {
-        let mut tokens = 0u64;
-        let mut prompt = 0u64;
-        let mut finished_seqs = 0u64;
-        let mut kv = 0u64;
-        let stats = Arc::clone(&self.stats);
-        let mut l = stats.lock();
-        let mut finished_reqs = 0u64;
-        self.running.retain_mut(|a| {
-            let first = a.first_token_ns.is_none();
-            if first {
-                prompt += a.job.prompt_tokens;
-                a.first_token_ns = Some(end_ns);
-                l.ttft
-                    .observe_n(secs(end_ns.saturating_sub(a.job.arrival_ns)), 1);
-            } else {
-                let gap = end_ns.saturating_sub(a.last_token_ns);
-                l.itl.observe_n(secs(gap), u64::from(a.live_seqs));
-                a.itl_sum_ns += gap * u64::from(a.live_seqs);
-                a.itl_count += u64::from(a.live_seqs);
-            }
-            a.last_token_ns = end_ns;
-            for c in 0..a.generated.len() {
-                if a.done[c] {
+        let (mut tokens, mut prompt, mut finished_seqs, mut kv, mut finished_reqs) =
+            (0u64, 0u64, 0u64, 0u64, 0u64);
+        {
+            let mut l = self.stats.lock();
+            for a in self.running.iter_mut() {
+                if a.first_token_ns.is_none() {
+                    prompt += a.job.prompt_tokens;
+                    a.first_token_ns = Some(end_ns);
+                    l.ttft
+                        .observe_n(secs(end_ns.saturating_sub(a.job.arrival_ns)), 1);
+                } else {
+                    let gap = end_ns.saturating_sub(a.last_token_ns);
+                    l.itl.observe_n(secs(gap), u64::from(a.live_seqs));
+                    a.itl_sum_ns += gap * u64::from(a.live_seqs);
+                    a.itl_count += u64::from(a.live_seqs);
+                }
+                a.last_token_ns = end_ns;
+                for c in 0..a.generated.len() {
+                    if a.done[c] {
+                        a.step_out[c] = StepOut::Nothing;
+                        continue;
+                    }
+                    a.generated[c] += 1;
+                    let g = a.generated[c];
+                    let finish = if a.job.stop_after.get(c).copied().flatten() == Some(g) {
+                        Some(Finish::Stop)
+                    } else if g >= a.job.max_tokens {
+                        Some(Finish::Length)
+                    } else {
+                        None
+                    };
+                    tokens += 1;
+                    a.step_out[c] = StepOut::Token(finish);
+                    if let Some(f) = finish {
+                        a.done[c] = true;
+                        a.live_seqs -= 1;
+                        a.last_finish = f;
+                        finished_seqs += 1;
+                    }
+                }
+                if a.live_seqs > 0 {
+                    let live = a.generated.iter().zip(&a.done).filter(|(_, d)| !**d);
+                    kv += a.job.prompt_tokens * u64::from(a.live_seqs)
+                        + live.map(|(g, _)| g).sum::<u64>();
                     continue;
                 }
-                a.generated[c] += 1;
-                let g = a.generated[c];
-                let finish = if a.job.stop_after.get(c).copied().flatten() == Some(g) {
-                    Some(Finish::Stop)
-                } else if g >= a.job.max_tokens {
-                    Some(Finish::Length)
-                } else {
-                    None
+                let first_ns = a.first_token_ns.unwrap_or(end_ns);
+                let t = Timings {
+                    queue_ns: a.admitted_ns.saturating_sub(a.job.arrival_ns),
+                    ttft_ns: first_ns.saturating_sub(a.job.arrival_ns),
+                    mean_itl_ns: a.itl_sum_ns.checked_div(a.itl_count).unwrap_or(0),
+                    e2e_ns: end_ns.saturating_sub(a.job.arrival_ns),
                 };
-                tokens += 1;
-                a.job.sink.deliver(Ev::Token {
-                    choice: c as u32,
-                    finish,
-                });
-                if let Some(f) = finish {
-                    a.done[c] = true;
-                    a.live_seqs -= 1;
-                    a.last_finish = f;
-                    finished_seqs += 1;
-                }
+                l.e2e.observe_n(secs(t.e2e_ns), 1);
+                l.finished_by_reason[if a.last_finish == Finish::Stop { 0 } else { 1 }] += 1;
+                a.timings = Some(t);
+                finished_reqs += 1;
             }
-            if a.live_seqs > 0 {
-                let gen: u64 = a
-                    .generated
-                    .iter()
-                    .zip(&a.done)
-                    .filter(|(_, d)| !**d)
-                    .map(|(g, _)| g)
-                    .sum();
-                kv += a.job.prompt_tokens * u64::from(a.live_seqs) + gen;
-                return true;
-            }
-            let first_ns = a.first_token_ns.unwrap_or(end_ns);
-            let t = Timings {
-                queue_ns: a.admitted_ns.saturating_sub(a.job.arrival_ns),
-                ttft_ns: first_ns.saturating_sub(a.job.arrival_ns),
-                mean_itl_ns: a.itl_sum_ns.checked_div(a.itl_count).unwrap_or(0),
-                e2e_ns: end_ns.saturating_sub(a.job.arrival_ns),
-            };
-            l.e2e.observe_n(secs(t.e2e_ns), 1);
-            l.finished_by_reason[if a.last_finish == Finish::Stop { 0 } else { 1 }] += 1;
-            a.job.sink.deliver(Ev::Done(t));
-            finished_reqs += 1;
-            false
-        });
-        drop(l);
+        }
         self.running_seqs -= finished_seqs;
         self.stats.prompt_tokens_total.fetch_add(prompt, Relaxed);
         self.stats.finished.fetch_add(finished_reqs, Relaxed);
         self.stats.kv_tokens.store(kv, Relaxed);
         self.stats.running.store(self.running_seqs, Relaxed);
         self.stats.record_generated(wall_unix_s, tokens);
+        // Now deliver: tokens, then Done for the requests that finished.
+        self.running.retain_mut(|a| {
+            for (c, out) in a.step_out.iter().enumerate() {
+                if let StepOut::Token(finish) = *out {
+                    a.job.sink.deliver(Ev::Token {
+                        choice: c as u32,
+                        finish,
+                    });
+                }
+            }
+            match a.timings {
+                Some(t) => {
+                    a.job.sink.deliver(Ev::Done(t));
+                    false
+                }
+                None => true,
+            }
+        });
         if self.is_idle() {
             self.mark_idle(end_ns);
         }
