@@ -27,13 +27,31 @@ struct Rig {
 
 async fn rig() -> Rig {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let sim = tokenmeter::sim::spawn(SimConfig { stop_probability_per_token: 0.0, ..Default::default() }, listener).await.unwrap();
+    let sim = tokenmeter::sim::spawn(
+        SimConfig {
+            stop_probability_per_token: 0.0,
+            ..Default::default()
+        },
+        listener,
+    )
+    .await
+    .unwrap();
     let proxy = TestProxy::start(&format!("http://{}", sim.addr()), |_| {}).await;
-    Rig { sim, proxy, tokens: Arc::new(AtomicU64::new(0)), started: Arc::new(AtomicU64::new(0)) }
+    Rig {
+        sim,
+        proxy,
+        tokens: Arc::new(AtomicU64::new(0)),
+        started: Arc::new(AtomicU64::new(0)),
+    }
 }
 
 /// Keeps `n` long streams in flight through the proxy until `deadline`; counts tokens received.
-fn hold_streams(rig: &Rig, n: usize, max_tokens: u32, deadline: Instant) -> Vec<tokio::task::JoinHandle<()>> {
+fn hold_streams(
+    rig: &Rig,
+    n: usize,
+    max_tokens: u32,
+    deadline: Instant,
+) -> Vec<tokio::task::JoinHandle<()>> {
     (0..n)
         .map(|i| {
             let addr = rig.proxy.addr;
@@ -77,20 +95,36 @@ async fn window_pair(rig: &Rig) -> (f64, bool, f64, u64) {
         .as_ref()
         .unwrap()
         .meter()
-        .snapshot(now, SnapshotQuery { user: None, window: Some("10s".into()) }, "sim", &Default::default())
+        .snapshot(
+            now,
+            SnapshotQuery {
+                user: None,
+                window: Some("10s".into()),
+            },
+            "sim",
+            &Default::default(),
+        )
         .await
         .unwrap();
     let v = serde_json::to_value(&snap).unwrap();
     let w = &v["windows"]["10s"];
     let proxy_rate = w["gen_tok_s"].as_f64().unwrap();
     let truth = rig.sim.generated_tokens_in(sec - 10, sec) as f64 / 10.0;
-    (proxy_rate, w["steady"].as_bool().unwrap(), truth, w["in_flight"]["min"].as_u64().unwrap_or(0))
+    (
+        proxy_rate,
+        w["steady"].as_bool().unwrap(),
+        truth,
+        w["in_flight"]["min"].as_u64().unwrap_or(0),
+    )
 }
 
 async fn wait_into_next_second(margin_ms: u64) {
     let now = Clock::global().now();
     let into = now % NANOS_PER_SEC;
-    tokio::time::sleep(Duration::from_nanos(NANOS_PER_SEC - into + margin_ms * 1_000_000)).await;
+    tokio::time::sleep(Duration::from_nanos(
+        NANOS_PER_SEC - into + margin_ms * 1_000_000,
+    ))
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,10 +145,16 @@ async fn a_steady_window_matches_the_simulator_within_one_percent() {
     }
     assert!(steady, "window not steady (min in flight {min})");
     let err = (proxy_rate - truth).abs() / truth;
-    eprintln!("proxy {proxy_rate:.1} tok/s, simulator {truth:.1} tok/s, difference {:.3}%", err * 100.0);
+    eprintln!(
+        "proxy {proxy_rate:.1} tok/s, simulator {truth:.1} tok/s, difference {:.3}%",
+        err * 100.0
+    );
     assert!(err < 0.01, "proxy {proxy_rate} vs simulator {truth}");
     // The configured engine: 16 × 1000 / (12.2 + 2.1 × 16) = 349 tok/s.
-    assert!((truth - 349.3).abs() / 349.3 < 0.05, "simulator ran at {truth}");
+    assert!(
+        (truth - 349.3).abs() / 349.3 < 0.05,
+        "simulator ran at {truth}"
+    );
     rig.proxy.stop().await;
 }
 
@@ -141,7 +181,10 @@ async fn sixty_seconds_twice_windows_vs_client_aggregate() {
         for t in tasks {
             t.abort();
         }
-        println!("run {run}: client aggregate {:.1} tok/s ({client_tokens} tokens / {wall:.1} s wall)", client_tokens as f64 / wall);
+        println!(
+            "run {run}: client aggregate {:.1} tok/s ({client_tokens} tokens / {wall:.1} s wall)",
+            client_tokens as f64 / wall
+        );
         let steady: Vec<_> = rows.iter().filter(|r| r.1).collect();
         for (p, s, t, min) in &rows {
             println!("  window: proxy {p:.1} tok/s, simulator {t:.1} tok/s, diff {:+.2}%, steady {s}, min in flight {min}", (p - t) / t * 100.0);

@@ -246,3 +246,27 @@ async fn sighup_reopens_the_access_log_after_rotation() {
     );
     assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1);
 }
+
+#[test]
+fn demo_runs_the_simulator_behind_the_proxy() {
+    let out = tokenmeter()
+        .args(["demo", "--agents", "2", "--duration-s", "3"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("/v1") && stdout.contains("/stats") && stdout.contains("curl"),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("listening on"), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "no colour codes when not a terminal"
+    );
+}
