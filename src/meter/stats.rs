@@ -24,7 +24,7 @@ impl Meter {
             .windows_s
             .iter()
             .map(|w| (format!("{w}s"), *w))
-            .filter(|(name, _)| query.window.as_ref().map_or(true, |q| q == name))
+            .filter(|(name, _)| query.window.as_ref().is_none_or(|q| q == name))
             .collect();
         if let (Some(q), true) = (&query.window, windows.is_empty()) {
             return Err(SnapshotError::UnknownWindow {
@@ -59,7 +59,7 @@ impl Meter {
         let users: BTreeMap<String, ScopeView> = self
             .users
             .iter_mut()
-            .filter(|(k, _)| query.user.as_deref().map_or(true, |u| u == &***k))
+            .filter(|(k, _)| query.user.as_deref().is_none_or(|u| u == &***k))
             .map(|(k, s)| (k.to_string(), view(s)))
             .collect();
         let models = self

@@ -200,7 +200,7 @@ async fn forward(
     let idle = std::time::Duration::from_millis(cfg.timeouts.body_idle_ms);
     Response::from_parts(
         rparts,
-        ProxyBody::Metered(MeteredBody::new(rbody, tracker, reading, idle)),
+        ProxyBody::Metered(Box::new(MeteredBody::new(rbody, tracker, reading, idle))),
     )
 }
 

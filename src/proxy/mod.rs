@@ -40,7 +40,7 @@ use crate::record::RequestRecord;
 /// The body of every response the proxy sends.
 pub enum ProxyBody {
     /// The upstream's body, metered on the way.
-    Metered(body::MeteredBody),
+    Metered(Box<body::MeteredBody>),
     /// A body the proxy wrote itself.
     Full(Option<Bytes>),
     /// A `/stats*` answer.
@@ -56,7 +56,7 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
-            ProxyBody::Metered(b) => Pin::new(b).poll_frame(cx),
+            ProxyBody::Metered(b) => Pin::new(b.as_mut()).poll_frame(cx),
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
             ProxyBody::Stats(b) => Pin::new(b)
                 .poll_frame(cx)

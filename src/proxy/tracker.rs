@@ -307,7 +307,7 @@ impl Tracker {
         let ttft_ms = self.ms(self.ttft);
         let rates = DerivedRates::compute(ttft_ms, e2e_ms, completion);
         let itl = (self.last_content.is_some() && self.itl_max > Duration::ZERO)
-            .then(|| self.itl_max.as_secs_f64() * 1e3);
+            .then_some(self.itl_max.as_secs_f64() * 1e3);
         RequestRecord {
             kind: "request".into(),
             schema: RECORD_SCHEMA,
