@@ -40,7 +40,7 @@ pub struct FakeConfig {
 impl Default for FakeConfig {
     fn default() -> Self {
         Self {
-            ttft: Duration::from_millis(30),
+            ttft: Duration::from_millis(20),
             gap: Duration::from_millis(10),
             nonstream_delay: Duration::from_millis(100),
             fail_prompt_contains: None,
@@ -65,7 +65,12 @@ pub struct FakeState {
     pub in_flight: AtomicUsize,
     pub max_in_flight: AtomicUsize,
     pub chat_requests: AtomicUsize,
+    /// Largest lateness of a first event behind its schedule, in µs (the fake's own jitter).
+    pub max_first_event_late_us: AtomicUsize,
     pub seen: Mutex<Vec<Seen>>,
+    /// Per chat request in arrival order: its prompt and, once its last byte was handed to
+    /// the connection, the fake's own wall for it in ms (the server-side truth under CPU load).
+    pub walls: Mutex<Vec<(String, Option<f64>)>>,
 }
 
 /// A running fake.
@@ -162,10 +167,20 @@ async fn handle(
     if cfg.fail_prompt_contains.as_deref().is_some_and(|m| prompt.contains(m)) {
         return Ok(full(500, serde_json::json!({"error":{"message":"injected failure","type":"InternalServerError","param":null,"code":500}})));
     }
+    let wall_idx = {
+        let mut w = st.walls.lock().unwrap();
+        w.push((prompt.clone(), None));
+        w.len() - 1
+    };
+    let record_wall = {
+        let st = Arc::clone(&st);
+        move || st.walls.lock().unwrap()[wall_idx].1 = Some(arrived.elapsed().as_secs_f64() * 1e3)
+    };
     let n = body["max_tokens"].as_u64().unwrap_or(16);
     let usage = serde_json::json!({"prompt_tokens":12,"total_tokens":12+n,"completion_tokens":n});
     if body["stream"] != serde_json::Value::Bool(true) {
         tokio::time::sleep_until(arrived + cfg.nonstream_delay).await;
+        record_wall();
         drop(guard);
         return Ok(full(200, serde_json::json!({"id":"x","object":"chat.completion","model":FAKE_MODEL,
             "choices":[{"index":0,"message":{"role":"assistant","content":"tok ".repeat(n as usize)},"finish_reason":"length"}],
@@ -201,6 +216,8 @@ async fn handle(
         if !send(chunk(serde_json::json!({"role":"assistant","content":""}), None)).await {
             return;
         }
+        let late = arrived.elapsed().saturating_sub(cfg.ttft).as_micros() as usize;
+        guard.0.max_first_event_late_us.fetch_max(late, Ordering::SeqCst);
         for k in 0..n {
             tokio::time::sleep_until(arrived + cfg.ttft + cfg.gap * k as u32).await;
             let fin = (k + 1 == n).then_some("length");
@@ -217,7 +234,9 @@ async fn handle(
         // Leave the in-flight count before the last bytes, so a client that starts its next
         // request after this one ended can never be seen as one too many.
         drop(guard);
-        let _ = send("[DONE]".to_owned()).await;
+        if send("[DONE]".to_owned()).await {
+            record_wall();
+        }
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
