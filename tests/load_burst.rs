@@ -19,7 +19,11 @@ fn within(got: f64, want: f64, rel: f64) -> bool {
     (got - want).abs() <= want * rel
 }
 
-async fn sweep(cfg: FakeConfig, levels: &[usize], stream: bool) -> (LoadReport, load_support::Fake) {
+async fn sweep(
+    cfg: FakeConfig,
+    levels: &[usize],
+    stream: bool,
+) -> (LoadReport, load_support::Fake) {
     let _serial = SERIAL.lock().await;
     let fake = spawn(cfg).await;
     let mut opts = LoadOptions::burst(format!("{}/v1/", fake.url), levels);
@@ -41,8 +45,11 @@ fn check_sweep(report: &LoadReport, cfg: &FakeConfig, levels: &[usize], fake: &l
     // Arrival order is warm-up, then each level's batch in turn.
     let mut batch_start = 1;
     // When a check fails, this tells whether the machine made the fake itself late.
-    let fake_late_ms =
-        fake.state.max_first_event_late_us.load(std::sync::atomic::Ordering::SeqCst) as f64 / 1e3;
+    let fake_late_ms = fake
+        .state
+        .max_first_event_late_us
+        .load(std::sync::atomic::Ordering::SeqCst) as f64
+        / 1e3;
     let burst = report.burst.as_ref().expect("burst");
     assert!(burst.warmup.ok, "warm-up failed: {:?}", burst.warmup.error);
     assert_eq!(burst.levels.len(), levels.len());
@@ -55,10 +62,17 @@ fn check_sweep(report: &LoadReport, cfg: &FakeConfig, levels: &[usize], fake: &l
         for r in &l.results {
             // Against the fake's own wall for this request (prompts are distinct within a batch).
             let prompt = prompt_for(r.slot);
-            let fake_wall = batch.iter().find(|(p, _)| *p == prompt).and_then(|(_, w)| *w).unwrap();
+            let fake_wall = batch
+                .iter()
+                .find(|(p, _)| *p == prompt)
+                .and_then(|(_, w)| *w)
+                .unwrap();
             let truth = f64::from(TOKENS) / (fake_wall / 1e3);
             let got = r.tok_s.expect("tok_s");
-            assert!(within(got, truth, 0.05), "level {level}: {got:.1} vs server-side {truth:.1} tok/s");
+            assert!(
+                within(got, truth, 0.05),
+                "level {level}: {got:.1} vs server-side {truth:.1} tok/s"
+            );
             // Against the configured schedule: looser, the machine may make the fake late.
             assert!(within(got, want, 0.15), "level {level}: {got:.1} vs scheduled {want:.1} tok/s (fake late {fake_late_ms} ms)");
             assert_eq!(r.completion_tokens, Some(u64::from(TOKENS)));
@@ -80,7 +94,10 @@ fn check_sweep(report: &LoadReport, cfg: &FakeConfig, levels: &[usize], fake: &l
         let agg = l.aggregate_tok_s.expect("aggregate");
         assert!((agg - tokens as f64 / l.wall_s).abs() < 1e-9);
         // … and, all requests running together, close to level × the per-request rate.
-        assert!(within(agg, want * level as f64, 0.15), "level {level}: aggregate {agg:.1}");
+        assert!(
+            within(agg, want * level as f64, 0.15),
+            "level {level}: aggregate {agg:.1}"
+        );
     }
     let first = burst.levels[0].aggregate_tok_s.unwrap();
     for w in burst.levels.windows(2) {
@@ -97,29 +114,46 @@ async fn streaming_sweep_reproduces_known_rates_at_1_4_8_16() {
     let cfg = FakeConfig::default();
     let levels = [1, 4, 8, 16];
     let (report, fake) = sweep(cfg.clone(), &levels, true).await;
+    // Shown with --nocapture: the table of a sweep with a known truth.
+    println!("{}", tokenmeter::load::table::render(&report));
     check_sweep(&report, &cfg, &levels, &fake);
     // Model discovered from /v1/models and used by every request; prompts distinct per slot.
     assert_eq!(report.model, FAKE_MODEL);
     let seen = fake.state.seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 1 + 1 + 4 + 8 + 16);
     assert!(seen.iter().all(|s| s.body["model"] == FAKE_MODEL));
-    assert!(seen.iter().all(|s| s.body["stream_options"]["include_usage"] == true));
-    let last16: HashSet<String> =
-        seen[seen.len() - 16..].iter().map(|s| s.body["messages"][0]["content"].to_string()).collect();
+    assert!(seen
+        .iter()
+        .all(|s| s.body["stream_options"]["include_usage"] == true));
+    let last16: HashSet<String> = seen[seen.len() - 16..]
+        .iter()
+        .map(|s| s.body["messages"][0]["content"].to_string())
+        .collect();
     assert_eq!(last16.len(), 16);
-    assert_eq!(fake.state.max_in_flight.load(std::sync::atomic::Ordering::SeqCst), 16);
+    assert_eq!(
+        fake.state
+            .max_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst),
+        16
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crlf_events_split_across_frames_measure_the_same() {
-    let cfg = FakeConfig { crlf_split: true, ..FakeConfig::default() };
+    let cfg = FakeConfig {
+        crlf_split: true,
+        ..FakeConfig::default()
+    };
     let (report, fake) = sweep(cfg.clone(), &[1, 4], true).await;
     check_sweep(&report, &cfg, &[1, 4], &fake);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_streaming_rates_come_from_usage_and_ttft_is_unknown() {
-    let cfg = FakeConfig { nonstream_delay: Duration::from_millis(100), ..FakeConfig::default() };
+    let cfg = FakeConfig {
+        nonstream_delay: Duration::from_millis(100),
+        ..FakeConfig::default()
+    };
     let (report, _fake) = sweep(cfg, &[1, 4], false).await;
     let want = f64::from(TOKENS) / 0.1;
     for l in &report.burst.as_ref().unwrap().levels {
@@ -136,7 +170,10 @@ async fn non_streaming_rates_come_from_usage_and_ttft_is_unknown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_counted_and_reported_not_dropped() {
     // Slot 2's prompt names merge sort; the fake fails it.
-    let cfg = FakeConfig { fail_prompt_contains: Some("merge sort".into()), ..FakeConfig::default() };
+    let cfg = FakeConfig {
+        fail_prompt_contains: Some("merge sort".into()),
+        ..FakeConfig::default()
+    };
     let (report, _fake) = sweep(cfg, &[1, 4], true).await;
     let levels = &report.burst.as_ref().unwrap().levels;
     assert_eq!(levels[0].figures.failures, 0);
@@ -152,7 +189,10 @@ async fn failures_are_counted_and_reported_not_dropped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_usage_tokens_are_counted_from_events_and_marked() {
-    let cfg = FakeConfig { no_usage: true, ..FakeConfig::default() };
+    let cfg = FakeConfig {
+        no_usage: true,
+        ..FakeConfig::default()
+    };
     let (report, _fake) = sweep(cfg, &[2], true).await;
     let l = &report.burst.as_ref().unwrap().levels[0];
     assert!(l.figures.tokens_counted_from_events);
@@ -192,7 +232,11 @@ async fn key_user_and_ignore_eos_are_sent_and_the_key_is_never_reported() {
 #[tokio::test]
 async fn unreachable_server_fails_model_discovery_cleanly() {
     // Bind then drop to get a port with nothing listening.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let opts = LoadOptions::burst(format!("http://127.0.0.1:{port}"), &[1]);
     assert!(run(opts, NoProgress).await.is_err());
 }

@@ -22,7 +22,10 @@ pub async fn run_burst(
     progress: &dyn Progress,
 ) -> BurstReport {
     let live = Arc::new(AtomicU64::new(0));
-    let warmup_spec = ChatSpec { prompt: prompt_for(0), ..spec.clone() };
+    let warmup_spec = ChatSpec {
+        prompt: prompt_for(0),
+        ..spec.clone()
+    };
     let warmup = client.chat(0, &warmup_spec, &live).await;
     progress.report(&ProgressEvent::Warmup(&warmup));
 
@@ -35,7 +38,10 @@ pub async fn run_burst(
         progress.report(&ProgressEvent::LevelDone(&report));
         out.push(report);
     }
-    BurstReport { warmup, levels: out }
+    BurstReport {
+        warmup,
+        levels: out,
+    }
 }
 
 /// One batch of `level` requests; its wall in seconds and the results sorted by slot.
@@ -47,8 +53,12 @@ async fn run_level(
     progress: &dyn Progress,
 ) -> (f64, Vec<RequestResult>) {
     // Bodies are built before the clock starts so every request leaves at once.
-    let specs: Vec<ChatSpec> =
-        (0..level).map(|slot| ChatSpec { prompt: prompt_for(slot), ..spec.clone() }).collect();
+    let specs: Vec<ChatSpec> = (0..level)
+        .map(|slot| ChatSpec {
+            prompt: prompt_for(slot),
+            ..spec.clone()
+        })
+        .collect();
     let dispatched = Instant::now();
     let mut set = JoinSet::new();
     for (slot, spec) in specs.into_iter().enumerate() {

@@ -33,7 +33,9 @@ pub fn normalize_base_url(url: &str) -> anyhow::Result<String> {
     if base.len() <= "http://".len() {
         anyhow::bail!("--url has no host: {url:?}");
     }
-    let uri: http::Uri = base.parse().map_err(|e| anyhow::anyhow!("bad --url {url:?}: {e}"))?;
+    let uri: http::Uri = base
+        .parse()
+        .map_err(|e| anyhow::anyhow!("bad --url {url:?}: {e}"))?;
     if uri.host().map_or(true, str::is_empty) {
         anyhow::bail!("--url has no host: {url:?}");
     }
@@ -128,7 +130,9 @@ pub struct HttpClient {
 impl std::fmt::Debug for HttpClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The API key is deliberately left out.
-        f.debug_struct("HttpClient").field("base", &self.base).finish_non_exhaustive()
+        f.debug_struct("HttpClient")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
     }
 }
 
@@ -155,7 +159,13 @@ impl HttpClient {
         let inner = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .build(conn);
-        Self { inner, base, api_key, user, timeout }
+        Self {
+            inner,
+            base,
+            api_key,
+            user,
+            timeout,
+        }
     }
 
     /// The server base this client talks to.
@@ -164,7 +174,9 @@ impl HttpClient {
     }
 
     fn request(&self, method: http::Method, path: &str) -> http::request::Builder {
-        let mut b = http::Request::builder().method(method).uri(format!("{}{}", self.base, path));
+        let mut b = http::Request::builder()
+            .method(method)
+            .uri(format!("{}{}", self.base, path));
         if let Some(key) = &self.api_key {
             b = b.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
         }
@@ -176,7 +188,9 @@ impl HttpClient {
 
     /// GET `path`; the status and the body parsed as JSON (None when it is not JSON).
     pub async fn get_json(&self, path: &str) -> anyhow::Result<(u16, Option<serde_json::Value>)> {
-        let req = self.request(http::Method::GET, path).body(Full::new(Bytes::new()))?;
+        let req = self
+            .request(http::Method::GET, path)
+            .body(Full::new(Bytes::new()))?;
         let fut = async {
             let resp = self.inner.request(req).await?;
             let status = resp.status().as_u16();
@@ -195,13 +209,24 @@ impl HttpClient {
             anyhow::bail!("GET /v1/models answered {status}; pass --model");
         }
         body.as_ref()
-            .and_then(|b| b.get("data")?.get(0)?.get("id")?.as_str().map(str::to_owned))
+            .and_then(|b| {
+                b.get("data")?
+                    .get(0)?
+                    .get("id")?
+                    .as_str()
+                    .map(str::to_owned)
+            })
             .ok_or_else(|| anyhow::anyhow!("GET /v1/models listed no model id; pass --model"))
     }
 
     /// Sends one chat completion and times it; never fails, failures are in the result.
     /// `live_events` is bumped for every streamed choice with text (progress display).
-    pub async fn chat(&self, slot: usize, spec: &ChatSpec, live_events: &AtomicU64) -> RequestResult {
+    pub async fn chat(
+        &self,
+        slot: usize,
+        spec: &ChatSpec,
+        live_events: &AtomicU64,
+    ) -> RequestResult {
         let mut p = Partial::default();
         let body = chat_body(spec, self.user.as_deref());
         let req = self
@@ -231,7 +256,11 @@ impl HttpClient {
         p: &mut Partial,
         live_events: &AtomicU64,
     ) -> Result<(), String> {
-        let resp = self.inner.request(req).await.map_err(|e| format!("{e:#}"))?;
+        let resp = self
+            .inner
+            .request(req)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
         let status = resp.status();
         p.status = Some(status.as_u16());
         let mut body = resp.into_body();
@@ -252,7 +281,11 @@ impl HttpClient {
         }
         let mut parser = SseParser::new();
         let mut on_event = |data: &[u8]| match parse_event(data) {
-            StreamEvent::Chunk { has_choices, content_choices, usage } => {
+            StreamEvent::Chunk {
+                has_choices,
+                content_choices,
+                usage,
+            } => {
                 if has_choices && p.ttft.is_none() {
                     p.ttft = Some(start.elapsed());
                 }
@@ -272,7 +305,9 @@ impl HttpClient {
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| format!("reading stream: {e:#}"))?;
             if let Some(data) = frame.data_ref() {
-                parser.feed(data, &mut on_event).map_err(|e| e.to_string())?;
+                parser
+                    .feed(data, &mut on_event)
+                    .map_err(|e| e.to_string())?;
             }
         }
         parser.finish(&mut on_event);
@@ -343,7 +378,10 @@ fn finish(
 
 async fn read_limited(body: hyper::body::Incoming) -> anyhow::Result<Bytes> {
     let limited = http_body_util::Limited::new(body, MAX_BODY_BYTES);
-    let collected = limited.collect().await.map_err(|e| anyhow::anyhow!("reading body: {e}"))?;
+    let collected = limited
+        .collect()
+        .await
+        .map_err(|e| anyhow::anyhow!("reading body: {e}"))?;
     Ok(collected.to_bytes())
 }
 
@@ -353,10 +391,18 @@ mod tests {
 
     #[test]
     fn base_url_forms_normalize_alike() {
-        for u in ["http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/"] {
+        for u in [
+            "http://h:8000",
+            "http://h:8000/",
+            "http://h:8000/v1",
+            "http://h:8000/v1/",
+        ] {
             assert_eq!(normalize_base_url(u).unwrap(), "http://h:8000");
         }
-        assert_eq!(normalize_base_url("http://h/api/v1").unwrap(), "http://h/api");
+        assert_eq!(
+            normalize_base_url("http://h/api/v1").unwrap(),
+            "http://h/api"
+        );
         assert!(normalize_base_url("https://h").is_err());
         assert!(normalize_base_url("h:8000").is_err());
         assert!(normalize_base_url("http://").is_err());
@@ -380,12 +426,22 @@ mod tests {
 
     #[test]
     fn counted_events_fallback_and_rate() {
-        let p = Partial { status: Some(200), content_events: 10, ..Default::default() };
+        let p = Partial {
+            status: Some(200),
+            content_events: 10,
+            ..Default::default()
+        };
         let r = finish(0, p, Ok(()), Duration::from_millis(500), true);
         assert_eq!(r.tokens_from, TokensFrom::CountedEvents);
         assert_eq!(r.completion_tokens, Some(10));
         assert!((r.tok_s.unwrap() - 20.0).abs() < 1e-9);
-        let failed = finish(1, Partial::default(), Err("x".into()), Duration::from_millis(5), true);
+        let failed = finish(
+            1,
+            Partial::default(),
+            Err("x".into()),
+            Duration::from_millis(5),
+            true,
+        );
         assert!(!failed.ok && failed.tok_s.is_none() && failed.completion_tokens.is_none());
     }
 }

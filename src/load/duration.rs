@@ -15,13 +15,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let mut total = 0.0_f64;
     let mut rest = s;
     while !rest.is_empty() {
-        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
         if num_len == 0 {
             return Err(format!("bad duration {text:?}: expected a number"));
         }
-        let value: f64 = rest[..num_len].parse().map_err(|_| format!("bad number in {text:?}"))?;
+        let value: f64 = rest[..num_len]
+            .parse()
+            .map_err(|_| format!("bad number in {text:?}"))?;
         rest = &rest[num_len..];
-        let unit_len = rest.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(rest.len());
         let scale = match &rest[..unit_len] {
             "ms" => 1e-3,
             "s" | "sec" => 1.0,
@@ -61,7 +67,9 @@ mod tests {
 
     #[test]
     fn rejects_bad_input() {
-        for bad in ["", "s", "10x", "-5s", "1e400", "10 s", "5m3", "..s", "8d", "NaN"] {
+        for bad in [
+            "", "s", "10x", "-5s", "1e400", "10 s", "5m3", "..s", "8d", "NaN",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
         }
     }

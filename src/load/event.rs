@@ -70,7 +70,9 @@ pub fn error_text(v: &serde_json::Value) -> String {
     if let Some(d) = inner.get("detail") {
         return d.as_str().map_or_else(|| d.to_string(), str::to_owned);
     }
-    inner.as_str().map_or_else(|| inner.to_string(), str::to_owned)
+    inner
+        .as_str()
+        .map_or_else(|| inner.to_string(), str::to_owned)
 }
 
 #[derive(Deserialize)]
@@ -185,7 +187,11 @@ mod tests {
         let e = br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
         assert_eq!(
             parse_event(e),
-            StreamEvent::Chunk { has_choices: true, content_choices: 0, usage: None }
+            StreamEvent::Chunk {
+                has_choices: true,
+                content_choices: 0,
+                usage: None
+            }
         );
     }
 
@@ -194,17 +200,28 @@ mod tests {
         let e = br#"{"choices":[{"delta":{"content":"\n"},"finish_reason":null}]}"#;
         assert_eq!(
             parse_event(e),
-            StreamEvent::Chunk { has_choices: true, content_choices: 1, usage: None }
+            StreamEvent::Chunk {
+                has_choices: true,
+                content_choices: 1,
+                usage: None
+            }
         );
     }
 
     #[test]
     fn usage_event_has_no_choices() {
         let e = br#"{"choices":[],"usage":{"prompt_tokens":12,"total_tokens":17,"completion_tokens":5}}"#;
-        let want = Usage { prompt_tokens: Some(12), completion_tokens: Some(5) };
+        let want = Usage {
+            prompt_tokens: Some(12),
+            completion_tokens: Some(5),
+        };
         assert_eq!(
             parse_event(e),
-            StreamEvent::Chunk { has_choices: false, content_choices: 0, usage: Some(want) }
+            StreamEvent::Chunk {
+                has_choices: false,
+                content_choices: 0,
+                usage: Some(want)
+            }
         );
     }
 
@@ -222,7 +239,11 @@ mod tests {
         let e = br#"{"choices":[{"text":"hi"},{"text":""}],"usage":null}"#;
         assert_eq!(
             parse_event(e),
-            StreamEvent::Chunk { has_choices: true, content_choices: 1, usage: None }
+            StreamEvent::Chunk {
+                has_choices: true,
+                content_choices: 1,
+                usage: None
+            }
         );
     }
 }

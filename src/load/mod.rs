@@ -137,12 +137,23 @@ pub struct LoadOptions {
 impl LoadOptions {
     /// A default burst sweep of `levels` against `url`.
     pub fn burst(url: impl Into<String>, levels: &[usize]) -> Self {
-        Self::with_method(url.into(), LoadMethod::Burst { levels: levels.to_vec() })
+        Self::with_method(
+            url.into(),
+            LoadMethod::Burst {
+                levels: levels.to_vec(),
+            },
+        )
     }
 
     /// A default sustained run against `url`.
     pub fn sustained(url: impl Into<String>, concurrency: usize, duration: Duration) -> Self {
-        Self::with_method(url.into(), LoadMethod::Sustained { concurrency, duration })
+        Self::with_method(
+            url.into(),
+            LoadMethod::Sustained {
+                concurrency,
+                duration,
+            },
+        )
     }
 
     fn with_method(url: String, method: LoadMethod) -> Self {
@@ -185,7 +196,10 @@ impl LoadOptions {
 impl From<LoadArgs> for LoadOptions {
     fn from(a: LoadArgs) -> Self {
         let method = if a.sustained {
-            LoadMethod::Sustained { concurrency: a.concurrency, duration: a.duration }
+            LoadMethod::Sustained {
+                concurrency: a.concurrency,
+                duration: a.duration,
+            }
         } else {
             LoadMethod::Burst { levels: a.levels }
         };
@@ -248,13 +262,21 @@ pub async fn run(opts: LoadOptions, progress: impl Progress) -> anyhow::Result<L
         LoadMethod::Burst { levels } => {
             report.burst = Some(burst::run_burst(&client, &spec, levels, &progress).await);
         }
-        LoadMethod::Sustained { concurrency, duration } => {
+        LoadMethod::Sustained {
+            concurrency,
+            duration,
+        } => {
             report.method = "sustained";
             let (detected, note) = stats::probe(&client).await;
             let start = Instant::now();
             let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
             let poller = detected.then(|| {
-                tokio::spawn(stats::poll_until(client.clone(), start, opts.stats_interval, stop_rx))
+                tokio::spawn(stats::poll_until(
+                    client.clone(),
+                    start,
+                    opts.stats_interval,
+                    stop_rx,
+                ))
             });
             let s = sustained::run_sustained(
                 &client,

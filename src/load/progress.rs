@@ -57,7 +57,9 @@ pub struct StderrProgress {
 
 impl Default for StderrProgress {
     fn default() -> Self {
-        Self { tty: std::io::stderr().is_terminal() }
+        Self {
+            tty: std::io::stderr().is_terminal(),
+        }
     }
 }
 

@@ -63,6 +63,9 @@ mod tests {
     fn first_hundred_slots_are_distinct() {
         let set: std::collections::HashSet<String> = (0..100).map(prompt_for).collect();
         assert_eq!(set.len(), 100);
-        assert_eq!(prompt_for(1), "Write a Python function implementing quicksort. Code only.");
+        assert_eq!(
+            prompt_for(1),
+            "Write a Python function implementing quicksort. Code only."
+        );
     }
 }

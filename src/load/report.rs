@@ -32,7 +32,12 @@ pub fn summarize(values: impl IntoIterator<Item = f64>) -> Option<MinAvgMax> {
         sum += v;
         n += 1;
     }
-    Some(MinAvgMax { min, avg: sum / n as f64, max, n })
+    Some(MinAvgMax {
+        min,
+        avg: sum / n as f64,
+        max,
+        n,
+    })
 }
 
 /// Figures shared by a burst level and a sustained run, over its requests.
@@ -118,7 +123,9 @@ impl LevelReport {
             marginal_gain_pct: prev
                 .and_then(|(_, p)| ratio(aggregate_tok_s, p))
                 .map(|r| (r - 1.0) * 100.0),
-            users_ratio: prev.filter(|(l, _)| *l > 0).map(|(l, _)| level as f64 / l as f64),
+            users_ratio: prev
+                .filter(|(l, _)| *l > 0)
+                .map(|(l, _)| level as f64 / l as f64),
             figures,
             results,
         }
@@ -238,7 +245,11 @@ mod tests {
         let l1 = LevelReport::new(1, 1.0, vec![res(true, 100, 1000.0)], None, None);
         assert_eq!(l1.aggregate_tok_s, Some(100.0));
         assert_eq!(l1.scaling_vs_first, None);
-        let rs = vec![res(true, 100, 1000.0), res(true, 100, 2000.0), res(false, 0, 5.0)];
+        let rs = vec![
+            res(true, 100, 1000.0),
+            res(true, 100, 2000.0),
+            res(false, 0, 5.0),
+        ];
         let l4 = LevelReport::new(4, 2.0, rs, Some(100.0), Some((1, Some(100.0))));
         assert_eq!(l4.figures.failures, 1);
         assert_eq!(l4.figures.completion_tokens, 200);

@@ -108,11 +108,15 @@ mod tests {
         out
     }
 
-    const STREAM: &[u8] = b"data: {\"a\":1}\n\n: comment\nevent: x\ndata: {\"b\":2}\r\n\r\ndata:[DONE]\n\n";
+    const STREAM: &[u8] =
+        b"data: {\"a\":1}\n\n: comment\nevent: x\ndata: {\"b\":2}\r\n\r\ndata:[DONE]\n\n";
 
     #[test]
     fn whole_stream_gives_three_events() {
-        assert_eq!(events_of(&[STREAM]), vec!["{\"a\":1}", "{\"b\":2}", "[DONE]"]);
+        assert_eq!(
+            events_of(&[STREAM]),
+            vec!["{\"a\":1}", "{\"b\":2}", "[DONE]"]
+        );
     }
 
     #[test]
@@ -134,7 +138,10 @@ mod tests {
 
     #[test]
     fn multi_line_data_is_joined_and_unterminated_event_is_flushed() {
-        assert_eq!(events_of(&[b"data: a\ndata: b\n\ndata: c"]), vec!["a\nb", "c"]);
+        assert_eq!(
+            events_of(&[b"data: a\ndata: b\n\ndata: c"]),
+            vec!["a\nb", "c"]
+        );
     }
 
     #[test]

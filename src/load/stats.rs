@@ -72,14 +72,20 @@ pub struct ProxyReport {
 /// Whether `base` is a tokenmeter proxy, with a one-line note.
 pub async fn probe(client: &HttpClient) -> (bool, String) {
     match client.get_json("/stats").await {
-        Ok((200, Some(v))) if v.get("schema").and_then(|s| s.as_u64()) == Some(1) => {
-            (true, "tokenmeter proxy detected: /stats windows sampled".into())
-        }
+        Ok((200, Some(v))) if v.get("schema").and_then(|s| s.as_u64()) == Some(1) => (
+            true,
+            "tokenmeter proxy detected: /stats windows sampled".into(),
+        ),
         Ok((status, _)) => (
             false,
-            format!("not a tokenmeter proxy (GET /stats answered {status}); client-side figures only"),
+            format!(
+                "not a tokenmeter proxy (GET /stats answered {status}); client-side figures only"
+            ),
         ),
-        Err(e) => (false, format!("not a tokenmeter proxy (GET /stats failed: {e}); client-side figures only")),
+        Err(e) => (
+            false,
+            format!("not a tokenmeter proxy (GET /stats failed: {e}); client-side figures only"),
+        ),
     }
 }
 
@@ -131,8 +137,12 @@ pub fn steady_summary(samples: &[ProxySample]) -> Option<SteadySummary> {
         .filter(|w| w.steady == Some(true))
         .filter_map(|w| w.gen_tok_s);
     let gen_tok_s = summarize(values)?;
-    let spread_pct = (gen_tok_s.avg > 0.0).then(|| (gen_tok_s.max - gen_tok_s.min) / gen_tok_s.avg * 100.0);
-    Some(SteadySummary { gen_tok_s, spread_pct })
+    let spread_pct =
+        (gen_tok_s.avg > 0.0).then(|| (gen_tok_s.max - gen_tok_s.min) / gen_tok_s.avg * 100.0);
+    Some(SteadySummary {
+        gen_tok_s,
+        spread_pct,
+    })
 }
 
 #[cfg(test)]
@@ -142,14 +152,25 @@ mod tests {
     fn s(steady: Option<bool>, tok: Option<f64>) -> ProxySample {
         ProxySample {
             t_s: 0.0,
-            window_10s: Some(ProxyWindow { seconds: Some(10.0), gen_tok_s: tok, steady, in_flight: None }),
+            window_10s: Some(ProxyWindow {
+                seconds: Some(10.0),
+                gen_tok_s: tok,
+                steady,
+                in_flight: None,
+            }),
             window_60s: None,
         }
     }
 
     #[test]
     fn only_steady_windows_with_a_rate_count() {
-        let samples = [s(Some(true), Some(100.0)), s(Some(false), Some(5.0)), s(None, Some(7.0)), s(Some(true), None), s(Some(true), Some(102.0))];
+        let samples = [
+            s(Some(true), Some(100.0)),
+            s(Some(false), Some(5.0)),
+            s(None, Some(7.0)),
+            s(Some(true), None),
+            s(Some(true), Some(102.0)),
+        ];
         let sum = steady_summary(&samples).unwrap();
         assert_eq!(sum.gen_tok_s.n, 2);
         assert!((sum.spread_pct.unwrap() - 2.0 / 101.0 * 100.0).abs() < 1e-9);

@@ -34,7 +34,10 @@ pub async fn run_sustained(
     let mut started = 0usize;
     let spawn = |set: &mut JoinSet<RequestResult>, seq: usize| {
         let (client, live) = (client.clone(), Arc::clone(&live));
-        let spec = ChatSpec { prompt: prompt_for(seq), ..spec.clone() };
+        let spec = ChatSpec {
+            prompt: prompt_for(seq),
+            ..spec.clone()
+        };
         set.spawn(async move { client.chat(seq, &spec, &live).await });
     };
     while started < concurrency {
@@ -47,7 +50,8 @@ pub async fn run_sustained(
     let mut consecutive_failures = 0usize;
     let mut stopped_early = None;
     let tick_interval = tick_interval.max(Duration::from_millis(10));
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick_interval, tick_interval);
+    let mut ticker =
+        tokio::time::interval_at(tokio::time::Instant::now() + tick_interval, tick_interval);
     let (mut last_tick_t, mut last_tick_events) = (0.0_f64, 0u64);
     let sleep = tokio::time::sleep_until(deadline);
     tokio::pin!(sleep);

@@ -36,7 +36,11 @@ pub fn render(r: &LoadReport) -> String {
         "Target {} · model {} · {} · max_tokens {}{}",
         r.base_url,
         r.model,
-        if r.stream { "streaming" } else { "non-streaming" },
+        if r.stream {
+            "streaming"
+        } else {
+            "non-streaming"
+        },
         r.max_tokens,
         if r.ignore_eos { " · ignore_eos" } else { "" }
     );
@@ -73,7 +77,8 @@ fn burst(out: &mut String, b: &BurstReport) {
             mam(l.figures.per_request_tok_s, 1),
             mam(l.figures.ttft_ms, 0),
             l.wall_s,
-            l.scaling_vs_first.map_or_else(|| "n/a".into(), |s| format!("{s:.2}×")),
+            l.scaling_vs_first
+                .map_or_else(|| "n/a".into(), |s| format!("{s:.2}×")),
             marginal(l.marginal_gain_pct, l.users_ratio),
             l.figures.failures,
             l.figures.requests
@@ -104,7 +109,10 @@ fn notes(out: &mut String, what: &str, f: &RequestFigures) {
         let _ = writeln!(out, "  {what}: no usage from the server; tokens counted from streamed events (may undercount)");
     }
     if f.tokens_unknown {
-        let _ = writeln!(out, "  {what}: some ok requests had no token count and are left out of the sums");
+        let _ = writeln!(
+            out,
+            "  {what}: some ok requests had no token count and are left out of the sums"
+        );
     }
 }
 
@@ -116,21 +124,34 @@ fn sustained(out: &mut String, s: &SustainedReport, proxy: Option<&ProxyReport>)
         s.concurrency,
         s.duration_s,
         s.wall_s,
-        s.stopped_early.as_ref().map_or_else(String::new, |w| format!(" — STOPPED EARLY: {w}"))
+        s.stopped_early
+            .as_ref()
+            .map_or_else(String::new, |w| format!(" — STOPPED EARLY: {w}"))
     );
     let _ = writeln!(out, "| Figure | Value |\n|---|---|");
     let rows = [
-        ("Client aggregate (completed tokens / wall)", format!("{} tok/s", num(s.client_aggregate_tok_s, 1))),
+        (
+            "Client aggregate (completed tokens / wall)",
+            format!("{} tok/s", num(s.client_aggregate_tok_s, 1)),
+        ),
         (
             "Client aggregate incl. cancelled requests' streamed events",
             format!("{} tok/s", num(s.client_aggregate_incl_partial_tok_s, 1)),
         ),
-        ("Per-request tok/s (min/avg/max)", mam(f.per_request_tok_s, 1)),
+        (
+            "Per-request tok/s (min/avg/max)",
+            mam(f.per_request_tok_s, 1),
+        ),
         ("TTFT ms (min/avg/max)", mam(f.ttft_ms, 0)),
         ("Request wall ms (min/avg/max)", mam(f.e2e_ms, 0)),
         (
             "Completed ok / failed / cancelled at deadline",
-            format!("{} / {} / {}", f.requests - f.failures, f.failures, s.cancelled_at_deadline),
+            format!(
+                "{} / {} / {}",
+                f.requests - f.failures,
+                f.failures,
+                s.cancelled_at_deadline
+            ),
         ),
         ("Max in flight (client)", s.max_in_flight.to_string()),
     ];
@@ -152,7 +173,8 @@ fn sustained(out: &mut String, s: &SustainedReport, proxy: Option<&ProxyReport>)
             "| {:.1} | {} | {} | {} / {} / {} |",
             smp.t_s,
             num(w.and_then(|w| w.gen_tok_s), 1),
-            w.and_then(|w| w.steady).map_or("n/a", |b| if b { "yes" } else { "no" }),
+            w.and_then(|w| w.steady)
+                .map_or("n/a", |b| if b { "yes" } else { "no" }),
             num(inf.and_then(|i| i.min), 0),
             num(inf.and_then(|i| i.max), 0),
             num(inf.and_then(|i| i.mean), 1),
@@ -171,7 +193,10 @@ fn sustained(out: &mut String, s: &SustainedReport, proxy: Option<&ProxyReport>)
             );
         }
         None => {
-            let _ = writeln!(out, "\nProxy reported no steady 10 s window during the run.");
+            let _ = writeln!(
+                out,
+                "\nProxy reported no steady 10 s window during the run."
+            );
         }
     }
 }

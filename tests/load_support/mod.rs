@@ -96,7 +96,8 @@ type Body = BoxBody<Bytes, Infallible>;
 fn full(status: u16, json: serde_json::Value) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(json.to_string())).boxed());
     *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
-    r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+    r.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
     r
 }
 
@@ -122,7 +123,9 @@ pub async fn spawn(cfg: FakeConfig) -> Fake {
     let st = Arc::clone(&state);
     let task = tokio::spawn(async move {
         loop {
-            let Ok((sock, _)) = listener.accept().await else { return };
+            let Ok((sock, _)) = listener.accept().await else {
+                return;
+            };
             // As uvicorn does; without it Nagle holds small events back for the client's ACK.
             let _ = sock.set_nodelay(true);
             let (cfg, st) = (cfg.clone(), Arc::clone(&st));
@@ -134,7 +137,11 @@ pub async fn spawn(cfg: FakeConfig) -> Fake {
             });
         }
     });
-    Fake { url: format!("http://{addr}"), state, task }
+    Fake {
+        url: format!("http://{addr}"),
+        state,
+        task,
+    }
 }
 
 async fn handle(
@@ -146,26 +153,51 @@ async fn handle(
     let path = req.uri().path().to_owned();
     match (req.method().as_str(), path.as_str()) {
         ("GET", "/v1/models") => {
-            return Ok(full(200, serde_json::json!({"object":"list","data":[{"id":FAKE_MODEL,"object":"model"}]})))
+            return Ok(full(
+                200,
+                serde_json::json!({"object":"list","data":[{"id":FAKE_MODEL,"object":"model"}]}),
+            ))
         }
         ("GET", "/stats") if cfg.stats => {
             let w = serde_json::json!({"seconds":10,"gen_tok_s":FAKE_WINDOW_TOK_S,"steady":true,
                 "in_flight":{"min":4,"max":4,"mean":4.0}});
-            return Ok(full(200, serde_json::json!({"schema":1,"windows":{"10s":w,"60s":null}})));
+            return Ok(full(
+                200,
+                serde_json::json!({"schema":1,"windows":{"10s":w,"60s":null}}),
+            ));
         }
         ("POST", "/v1/chat/completions") => {}
         _ => return Ok(full(404, serde_json::json!({"detail":"Not Found"}))),
     }
     let guard = enter(&st);
     st.chat_requests.fetch_add(1, Ordering::SeqCst);
-    let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let header = |n: &str| {
+        req.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
     let (auth, user_header) = (header("authorization"), header("x-tokenmeter-user"));
     let bytes = req.into_body().collect().await.unwrap().to_bytes();
     let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-    st.seen.lock().unwrap().push(Seen { body: body.clone(), auth, user_header });
-    let prompt = body["messages"][0]["content"].as_str().unwrap_or("").to_owned();
-    if cfg.fail_prompt_contains.as_deref().is_some_and(|m| prompt.contains(m)) {
-        return Ok(full(500, serde_json::json!({"error":{"message":"injected failure","type":"InternalServerError","param":null,"code":500}})));
+    st.seen.lock().unwrap().push(Seen {
+        body: body.clone(),
+        auth,
+        user_header,
+    });
+    let prompt = body["messages"][0]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    if cfg
+        .fail_prompt_contains
+        .as_deref()
+        .is_some_and(|m| prompt.contains(m))
+    {
+        return Ok(full(
+            500,
+            serde_json::json!({"error":{"message":"injected failure","type":"InternalServerError","param":null,"code":500}}),
+        ));
     }
     let wall_idx = {
         let mut w = st.walls.lock().unwrap();
@@ -182,9 +214,12 @@ async fn handle(
         tokio::time::sleep_until(arrived + cfg.nonstream_delay).await;
         record_wall();
         drop(guard);
-        return Ok(full(200, serde_json::json!({"id":"x","object":"chat.completion","model":FAKE_MODEL,
+        return Ok(full(
+            200,
+            serde_json::json!({"id":"x","object":"chat.completion","model":FAKE_MODEL,
             "choices":[{"index":0,"message":{"role":"assistant","content":"tok ".repeat(n as usize)},"finish_reason":"length"}],
-            "usage":usage})));
+            "usage":usage}),
+        ));
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
     tokio::spawn(async move {
@@ -193,7 +228,11 @@ async fn handle(
             let tx = tx.clone();
             let crlf = cfg.crlf_split;
             async move {
-                let ev = if crlf { format!("data: {s}\r\n\r\n") } else { format!("data: {s}\n\n") };
+                let ev = if crlf {
+                    format!("data: {s}\r\n\r\n")
+                } else {
+                    format!("data: {s}\n\n")
+                };
                 if !crlf {
                     return tx.send(Bytes::from(ev)).await.is_ok();
                 }
@@ -213,11 +252,19 @@ async fn handle(
             .to_string()
         };
         tokio::time::sleep_until(arrived + cfg.ttft).await;
-        if !send(chunk(serde_json::json!({"role":"assistant","content":""}), None)).await {
+        if !send(chunk(
+            serde_json::json!({"role":"assistant","content":""}),
+            None,
+        ))
+        .await
+        {
             return;
         }
         let late = arrived.elapsed().saturating_sub(cfg.ttft).as_micros() as usize;
-        guard.0.max_first_event_late_us.fetch_max(late, Ordering::SeqCst);
+        guard
+            .0
+            .max_first_event_late_us
+            .fetch_max(late, Ordering::SeqCst);
         for k in 0..n {
             tokio::time::sleep_until(arrived + cfg.ttft + cfg.gap * k as u32).await;
             let fin = (k + 1 == n).then_some("length");
@@ -239,9 +286,14 @@ async fn handle(
         }
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
     });
     let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
-    r.headers_mut().insert("content-type", "text/event-stream; charset=utf-8".parse().unwrap());
+    r.headers_mut().insert(
+        "content-type",
+        "text/event-stream; charset=utf-8".parse().unwrap(),
+    );
     Ok(r)
 }
