@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 
-use super::client::{ChatSpec, HttpClient, RequestResult};
+use super::client::{ChatSpec, HttpClient};
 use super::progress::{Progress, ProgressEvent};
 use super::prompts::prompt_for;
 use super::report::{BurstReport, LevelReport};
+use super::result::RequestResult;
 
 /// How often a running level reports progress.
 const TICK: Duration = Duration::from_secs(1);

@@ -3,20 +3,17 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::event::{error_text, parse_event, StreamEvent};
+use super::result::{finish, Partial, RequestResult};
+use super::sse::SseParser;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use serde::Serialize;
-
-use super::event::{error_text, parse_event, StreamEvent, Usage};
-use super::sse::SseParser;
 
 /// Largest non-streamed response body read (error bodies, non-streaming completions, JSON GETs).
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
-/// Longest error text kept per failed request.
-const MAX_ERROR_CHARS: usize = 500;
 
 /// Turns a user-given URL into the server base: `http://host:port[/prefix]`, without a trailing
 /// `/` or `/v1`, so `http://h:8000`, `http://h:8000/`, `http://h:8000/v1` and `http://h:8000/v1/`
@@ -42,19 +39,6 @@ pub fn normalize_base_url(url: &str) -> anyhow::Result<String> {
     Ok(base.to_owned())
 }
 
-/// Where a request's completion token count came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TokensFrom {
-    /// The server's `usage.completion_tokens`.
-    Usage,
-    /// No usage: streamed choices with non-empty text were counted (one delta may hold several
-    /// tokens, so this can undercount).
-    CountedEvents,
-    /// Unknown.
-    None,
-}
-
 /// What one chat request asks for.
 #[derive(Debug, Clone)]
 pub struct ChatSpec {
@@ -68,53 +52,6 @@ pub struct ChatSpec {
     pub stream: bool,
     /// Adds vLLM's `"ignore_eos": true`.
     pub ignore_eos: bool,
-}
-
-/// The measured outcome of one request.
-#[derive(Debug, Clone, Serialize)]
-pub struct RequestResult {
-    /// Slot in its batch (burst) or sequence number (sustained).
-    pub slot: usize,
-    /// 2xx status and, when streaming, no error event and a cleanly ended body.
-    pub ok: bool,
-    /// HTTP status; null when no response head arrived.
-    pub status: Option<u16>,
-    /// Milliseconds from sending the request to the first streamed event whose `choices` is
-    /// non-empty; null when not streaming or no such event arrived.
-    pub ttft_ms: Option<f64>,
-    /// Milliseconds from sending the request to the end of its response body (or the failure).
-    pub e2e_ms: f64,
-    /// Completion tokens (see `tokens_from`); null when unknown.
-    pub completion_tokens: Option<u64>,
-    /// `usage.prompt_tokens`; null when the server sent no usage.
-    pub prompt_tokens: Option<u64>,
-    /// Source of `completion_tokens`.
-    pub tokens_from: TokensFrom,
-    /// Streamed choices with non-empty text (0 when not streaming).
-    pub content_events: u64,
-    /// `completion_tokens / (e2e_ms / 1000)` for ok requests with known tokens, else null.
-    pub tok_s: Option<f64>,
-    /// Error message of a failed request (server's `error.message` when it sent one).
-    pub error: Option<String>,
-}
-
-impl RequestResult {
-    /// A request that failed before producing any measurement.
-    pub fn failed(slot: usize, error: String) -> Self {
-        Self {
-            slot,
-            ok: false,
-            status: None,
-            ttft_ms: None,
-            e2e_ms: 0.0,
-            completion_tokens: None,
-            prompt_tokens: None,
-            tokens_from: TokensFrom::None,
-            content_events: 0,
-            tok_s: None,
-            error: Some(error),
-        }
-    }
 }
 
 /// Keep-alive HTTP/1.1 client bound to one server base.
@@ -134,16 +71,6 @@ impl std::fmt::Debug for HttpClient {
             .field("base", &self.base)
             .finish_non_exhaustive()
     }
-}
-
-/// State of a request in progress, kept outside the timed future so a timeout keeps it.
-#[derive(Default)]
-struct Partial {
-    status: Option<u16>,
-    ttft: Option<Duration>,
-    usage: Option<Usage>,
-    content_events: u64,
-    error: Option<String>,
 }
 
 impl HttpClient {
@@ -335,47 +262,6 @@ fn chat_body(spec: &ChatSpec, user: Option<&str>) -> Vec<u8> {
     serde_json::to_vec(&body).unwrap_or_default()
 }
 
-fn finish(
-    slot: usize,
-    p: Partial,
-    outcome: Result<(), String>,
-    e2e: Duration,
-    stream: bool,
-) -> RequestResult {
-    let error = outcome.err().or(p.error).map(|mut e| {
-        if let Some((i, _)) = e.char_indices().nth(MAX_ERROR_CHARS) {
-            e.truncate(i);
-        }
-        e
-    });
-    let ok = error.is_none();
-    let (completion_tokens, tokens_from) = match p.usage.and_then(|u| u.completion_tokens) {
-        Some(n) => (Some(n), TokensFrom::Usage),
-        None if stream && p.status.is_some_and(|s| (200..300).contains(&s)) => {
-            (Some(p.content_events), TokensFrom::CountedEvents)
-        }
-        None => (None, TokensFrom::None),
-    };
-    let e2e_s = e2e.as_secs_f64();
-    let tok_s = match completion_tokens {
-        Some(n) if ok && e2e_s > 0.0 => Some(n as f64 / e2e_s),
-        _ => None,
-    };
-    RequestResult {
-        slot,
-        ok,
-        status: p.status,
-        ttft_ms: p.ttft.map(|d| d.as_secs_f64() * 1e3),
-        e2e_ms: e2e_s * 1e3,
-        completion_tokens,
-        prompt_tokens: p.usage.and_then(|u| u.prompt_tokens),
-        tokens_from,
-        content_events: p.content_events,
-        tok_s,
-        error,
-    }
-}
-
 async fn read_limited(body: hyper::body::Incoming) -> anyhow::Result<Bytes> {
     let limited = http_body_util::Limited::new(body, MAX_BODY_BYTES);
     let collected = limited
@@ -422,26 +308,5 @@ mod tests {
         assert_eq!(v["user"], "u");
         assert_eq!(v["ignore_eos"], true);
         assert_eq!(v["max_tokens"], 7);
-    }
-
-    #[test]
-    fn counted_events_fallback_and_rate() {
-        let p = Partial {
-            status: Some(200),
-            content_events: 10,
-            ..Default::default()
-        };
-        let r = finish(0, p, Ok(()), Duration::from_millis(500), true);
-        assert_eq!(r.tokens_from, TokensFrom::CountedEvents);
-        assert_eq!(r.completion_tokens, Some(10));
-        assert!((r.tok_s.unwrap() - 20.0).abs() < 1e-9);
-        let failed = finish(
-            1,
-            Partial::default(),
-            Err("x".into()),
-            Duration::from_millis(5),
-            true,
-        );
-        assert!(!failed.ok && failed.tok_s.is_none() && failed.completion_tokens.is_none());
     }
 }

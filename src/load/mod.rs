@@ -12,6 +12,7 @@ pub mod event;
 pub mod progress;
 pub mod prompts;
 pub mod report;
+pub mod result;
 pub mod sse;
 pub mod stats;
 pub mod sustained;
@@ -19,9 +20,10 @@ pub mod table;
 
 use std::time::{Duration, Instant};
 
-pub use client::{ChatSpec, HttpClient, RequestResult, TokensFrom};
+pub use client::{ChatSpec, HttpClient};
 pub use progress::{NoProgress, Progress, ProgressEvent, StderrProgress};
 pub use report::{BurstReport, LevelReport, LoadReport, SustainedReport};
+pub use result::{RequestResult, TokensFrom};
 
 /// Default burst levels.
 pub const DEFAULT_LEVELS: [usize; 4] = [1, 4, 8, 16];

@@ -2,8 +2,8 @@
 
 use std::io::{IsTerminal, Write};
 
-use super::client::RequestResult;
 use super::report::{ClientTick, LevelReport, SustainedReport};
+use super::result::RequestResult;
 
 /// Something that happened during a run.
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::client::{RequestResult, TokensFrom};
+use super::result::{RequestResult, TokensFrom};
 use super::stats::ProxyReport;
 
 /// Version of the JSON report layout.

@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 
-use super::client::{ChatSpec, HttpClient, RequestResult};
+use super::client::{ChatSpec, HttpClient};
 use super::progress::{Progress, ProgressEvent};
 use super::prompts::prompt_for;
 use super::report::{ClientTick, RequestFigures, SustainedReport};
+use super::result::RequestResult;
 
 /// Upper bound on requests started in one run.
 const MAX_STARTED: usize = 10_000_000;
