@@ -65,12 +65,22 @@ pub struct FakeState {
     pub in_flight: AtomicUsize,
     pub max_in_flight: AtomicUsize,
     pub chat_requests: AtomicUsize,
-    /// Largest lateness of a first event behind its schedule, in µs (the fake's own jitter).
-    pub max_first_event_late_us: AtomicUsize,
+    /// TCP connections accepted.
+    pub connections: AtomicUsize,
     pub seen: Mutex<Vec<Seen>>,
-    /// Per chat request in arrival order: its prompt and, once its last byte was handed to
-    /// the connection, the fake's own wall for it in ms (the server-side truth under CPU load).
-    pub walls: Mutex<Vec<(String, Option<f64>)>>,
+    /// Per chat request, in arrival order: what the fake actually did (the server-side truth
+    /// when a loaded machine makes it late).
+    pub timings: Mutex<Vec<ServerTiming>>,
+}
+
+/// When the fake actually sent things for one request, in ms after the request arrived.
+#[derive(Clone, Debug)]
+pub struct ServerTiming {
+    pub prompt: String,
+    /// The first event with choices was handed to the connection.
+    pub first_ms: Option<f64>,
+    /// The last byte was handed to the connection.
+    pub wall_ms: Option<f64>,
 }
 
 /// A running fake.
@@ -128,6 +138,7 @@ pub async fn spawn(cfg: FakeConfig) -> Fake {
             };
             // As uvicorn does; without it Nagle holds small events back for the client's ACK.
             let _ = sock.set_nodelay(true);
+            st.connections.fetch_add(1, Ordering::SeqCst);
             let (cfg, st) = (cfg.clone(), Arc::clone(&st));
             tokio::spawn(async move {
                 let svc = service_fn(move |req| handle(req, cfg.clone(), Arc::clone(&st)));
@@ -199,20 +210,32 @@ async fn handle(
             serde_json::json!({"error":{"message":"injected failure","type":"InternalServerError","param":null,"code":500}}),
         ));
     }
-    let wall_idx = {
-        let mut w = st.walls.lock().unwrap();
-        w.push((prompt.clone(), None));
-        w.len() - 1
+    let idx = {
+        let mut t = st.timings.lock().unwrap();
+        t.push(ServerTiming {
+            prompt: prompt.clone(),
+            first_ms: None,
+            wall_ms: None,
+        });
+        t.len() - 1
     };
-    let record_wall = {
+    let record = {
         let st = Arc::clone(&st);
-        move || st.walls.lock().unwrap()[wall_idx].1 = Some(arrived.elapsed().as_secs_f64() * 1e3)
+        move |first: bool| {
+            let ms = Some(arrived.elapsed().as_secs_f64() * 1e3);
+            let mut t = st.timings.lock().unwrap();
+            if first {
+                t[idx].first_ms = ms;
+            } else {
+                t[idx].wall_ms = ms;
+            }
+        }
     };
     let n = body["max_tokens"].as_u64().unwrap_or(16);
     let usage = serde_json::json!({"prompt_tokens":12,"total_tokens":12+n,"completion_tokens":n});
     if body["stream"] != serde_json::Value::Bool(true) {
         tokio::time::sleep_until(arrived + cfg.nonstream_delay).await;
-        record_wall();
+        record(false);
         drop(guard);
         return Ok(full(
             200,
@@ -260,11 +283,7 @@ async fn handle(
         {
             return;
         }
-        let late = arrived.elapsed().saturating_sub(cfg.ttft).as_micros() as usize;
-        guard
-            .0
-            .max_first_event_late_us
-            .fetch_max(late, Ordering::SeqCst);
+        record(true);
         for k in 0..n {
             tokio::time::sleep_until(arrived + cfg.ttft + cfg.gap * k as u32).await;
             let fin = (k + 1 == n).then_some("length");
@@ -282,7 +301,7 @@ async fn handle(
         // request after this one ended can never be seen as one too many.
         drop(guard);
         if send("[DONE]".to_owned()).await {
-            record_wall();
+            record(false);
         }
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
