@@ -70,6 +70,7 @@ async fn keeps_exactly_n_in_flight_and_samples_the_proxy_windows() {
     assert_eq!(steady.gen_tok_s.avg, FAKE_WINDOW_TOK_S);
     assert_eq!(steady.gen_tok_s.n, p.samples.len());
     let text = tokenmeter::load::table::render(&report);
+    println!("{text}");
     assert!(
         text.contains("Proxy steady 10 s windows: 123.0 tok/s"),
         "{text}"

@@ -1,6 +1,6 @@
 //! The burst sweep: per level, all requests dispatched together, one distinct prompt per slot.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,6 +60,7 @@ async fn run_level(
             ..spec.clone()
         })
         .collect();
+    let events_before = live.load(Ordering::Relaxed);
     let dispatched = Instant::now();
     let mut set = JoinSet::new();
     for (slot, spec) in specs.into_iter().enumerate() {
@@ -80,6 +81,8 @@ async fn run_level(
                 done: results.len(),
                 in_flight: set.len(),
                 elapsed_s: dispatched.elapsed().as_secs_f64(),
+                events_per_s: (live.load(Ordering::Relaxed) - events_before) as f64
+                    / dispatched.elapsed().as_secs_f64().max(1e-9),
             }),
         }
     }

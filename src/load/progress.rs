@@ -20,6 +20,8 @@ pub enum ProgressEvent<'a> {
         in_flight: usize,
         /// Seconds since the level was dispatched.
         elapsed_s: f64,
+        /// Streamed content events of the level per second so far (≈ tok/s; 0 if not streaming).
+        events_per_s: f64,
     },
     /// A burst level finished.
     LevelDone(&'a LevelReport),
@@ -79,9 +81,15 @@ impl Progress for StderrProgress {
                 r.e2e_ms,
                 fmt_opt(r.tok_s, 1)
             ),
-            ProgressEvent::LevelTick { level, done, in_flight, elapsed_s } if self.tty => write!(
+            ProgressEvent::LevelTick {
+                level,
+                done,
+                in_flight,
+                elapsed_s,
+                events_per_s,
+            } if self.tty => write!(
                 err,
-                "\rlevel {level:>3}: {done}/{level} done, {in_flight} in flight, {elapsed_s:.1} s   "
+                "\rlevel {level:>3}: {done}/{level} done, {in_flight} in flight, {elapsed_s:.1} s, ~{events_per_s:.1} tok/s   "
             ),
             ProgressEvent::LevelTick { .. } => Ok(()),
             ProgressEvent::LevelDone(l) => writeln!(
