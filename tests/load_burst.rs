@@ -273,3 +273,18 @@ async fn unreachable_server_fails_model_discovery_cleanly() {
     let opts = LoadOptions::burst(format!("http://127.0.0.1:{port}"), &[1]);
     assert!(run(opts, NoProgress).await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_answer_to_a_stream_request_is_read_as_json() {
+    let cfg = FakeConfig {
+        ignore_stream: true,
+        nonstream_delay: Duration::from_millis(50),
+        ..FakeConfig::default()
+    };
+    let (report, _fake) = sweep(cfg, &[1], true).await;
+    let r = &report.burst.as_ref().unwrap().levels[0].results[0];
+    assert!(r.ok, "{:?}", r.error);
+    assert_eq!(r.ttft_ms, None);
+    assert_eq!(r.tokens_from, TokensFrom::Usage);
+    assert_eq!(r.completion_tokens, Some(u64::from(TOKENS)));
+}

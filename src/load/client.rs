@@ -172,7 +172,7 @@ impl HttpClient {
             Err(e) => Err(format!("building request: {e}")),
         };
         let e2e = start.elapsed();
-        finish(slot, p, outcome, e2e, spec.stream)
+        finish(slot, p, outcome, e2e)
     }
 
     async fn exchange(
@@ -190,8 +190,14 @@ impl HttpClient {
             .map_err(|e| format!("{e:#}"))?;
         let status = resp.status();
         p.status = Some(status.as_u16());
+        // A server that ignores `stream` answers one JSON document; read it as such.
+        let json_reply = resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
         let mut body = resp.into_body();
-        if !status.is_success() || !stream {
+        if !status.is_success() || !stream || json_reply {
             let bytes = read_limited(body).await.map_err(|e| format!("{e:#}"))?;
             let json: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
             if !status.is_success() {
@@ -206,6 +212,7 @@ impl HttpClient {
                 .and_then(|u| serde_json::from_value(u.clone()).ok());
             return Ok(());
         }
+        p.sse = true;
         let mut parser = SseParser::new();
         let mut on_event = |data: &[u8]| match parse_event(data) {
             StreamEvent::Chunk {

@@ -77,6 +77,8 @@ pub(super) struct Partial {
     pub(super) usage: Option<Usage>,
     pub(super) content_events: u64,
     pub(super) error: Option<String>,
+    /// The body was read as an event stream.
+    pub(super) sse: bool,
 }
 
 /// The result of a request from its partial state and outcome.
@@ -85,7 +87,6 @@ pub(super) fn finish(
     p: Partial,
     outcome: Result<(), String>,
     e2e: Duration,
-    stream: bool,
 ) -> RequestResult {
     let error = outcome.err().or(p.error).map(|mut e| {
         if let Some((i, _)) = e.char_indices().nth(MAX_ERROR_CHARS) {
@@ -96,7 +97,7 @@ pub(super) fn finish(
     let ok = error.is_none();
     let (completion_tokens, tokens_from) = match p.usage.and_then(|u| u.completion_tokens) {
         Some(n) => (Some(n), TokensFrom::Usage),
-        None if stream && p.status.is_some_and(|s| (200..300).contains(&s)) => {
+        None if p.sse && p.status.is_some_and(|s| (200..300).contains(&s)) => {
             (Some(p.content_events), TokensFrom::CountedEvents)
         }
         None => (None, TokensFrom::None),
@@ -130,9 +131,10 @@ mod tests {
         let p = Partial {
             status: Some(200),
             content_events: 10,
+            sse: true,
             ..Default::default()
         };
-        let r = finish(0, p, Ok(()), Duration::from_millis(500), true);
+        let r = finish(0, p, Ok(()), Duration::from_millis(500));
         assert_eq!(r.tokens_from, TokensFrom::CountedEvents);
         assert_eq!(r.completion_tokens, Some(10));
         assert!((r.tok_s.unwrap() - 20.0).abs() < 1e-9);
@@ -141,8 +143,17 @@ mod tests {
             Partial::default(),
             Err("x".into()),
             Duration::from_millis(5),
-            true,
         );
         assert!(!failed.ok && failed.tok_s.is_none() && failed.completion_tokens.is_none());
+        // A 200 that was not an event stream and had no usage: unknown, not zero.
+        let plain = Partial {
+            status: Some(200),
+            ..Default::default()
+        };
+        let r = finish(2, plain, Ok(()), Duration::from_millis(5));
+        assert_eq!(
+            (r.completion_tokens, r.tokens_from),
+            (None, TokensFrom::None)
+        );
     }
 }

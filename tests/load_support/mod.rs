@@ -35,6 +35,8 @@ pub struct FakeConfig {
     pub no_usage: bool,
     /// Write events with `\r\n` and split each into three frames.
     pub crlf_split: bool,
+    /// Answer one JSON document even when a stream was asked for.
+    pub ignore_stream: bool,
 }
 
 impl Default for FakeConfig {
@@ -47,6 +49,7 @@ impl Default for FakeConfig {
             stats: false,
             no_usage: false,
             crlf_split: false,
+            ignore_stream: false,
         }
     }
 }
@@ -233,7 +236,7 @@ async fn handle(
     };
     let n = body["max_tokens"].as_u64().unwrap_or(16);
     let usage = serde_json::json!({"prompt_tokens":12,"total_tokens":12+n,"completion_tokens":n});
-    if body["stream"] != serde_json::Value::Bool(true) {
+    if body["stream"] != serde_json::Value::Bool(true) || cfg.ignore_stream {
         tokio::time::sleep_until(arrived + cfg.nonstream_delay).await;
         record(false);
         drop(guard);
