@@ -4,6 +4,26 @@
 //! `--url` may be given with or without a trailing `/v1` (and with or without a trailing `/`):
 //! requests go to `{base}/v1/chat/completions`, models are listed from `{base}/v1/models`, and a
 //! tokenmeter proxy is probed at `{base}/stats`.
+//!
+//! Definitions (per request, see [`RequestResult`]):
+//! - `e2e_ms`: from just before the request is handed to the connection pool (so a new
+//!   connection's setup is included) to the end of the response body;
+//! - `ttft_ms` (streaming only): to the first event whose `choices` is non-empty;
+//! - `completion_tokens`: the final `usage` (`stream_options.include_usage` is sent); without
+//!   it, streamed choices with text are counted and the result says so (`tokens_from`);
+//! - `tok_s = completion_tokens / e2e`.
+//!
+//! Burst sweep (per level, see [`LevelReport`]): one warm-up request first (reported apart), then
+//! all requests of the level dispatched at once with one distinct prompt per slot;
+//! `aggregate_tok_s = Σ completion_tokens of ok requests / batch wall`,
+//! `scaling_vs_first = aggregate / aggregate of the first level`,
+//! `marginal_gain_pct = (aggregate / previous aggregate − 1) × 100`.
+//!
+//! Sustained (see [`SustainedReport`]): N requests in flight, each finished one replaced at once;
+//! at the deadline the ones in flight are cancelled and left out;
+//! `client_aggregate_tok_s = Σ completion_tokens of requests completed ok / wall`.
+//! Behind a tokenmeter proxy, its 10 s windows are sampled; their steady `gen_tok_s` is the
+//! stable figure, the client aggregate drifts with where the deadline cuts the requests.
 
 pub mod burst;
 pub mod client;
