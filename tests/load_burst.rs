@@ -288,3 +288,26 @@ async fn a_json_answer_to_a_stream_request_is_read_as_json() {
     assert_eq!(r.tokens_from, TokensFrom::Usage);
     assert_eq!(r.completion_tokens, Some(u64::from(TOKENS)));
 }
+
+#[tokio::test]
+async fn refused_connections_are_failures_with_their_cause() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut opts = LoadOptions::burst(format!("http://127.0.0.1:{port}"), &[2]);
+    opts.model = Some("m".into());
+    let report = run(opts, NoProgress).await.unwrap();
+    let burst = report.burst.unwrap();
+    assert!(!burst.warmup.ok);
+    let l = &burst.levels[0];
+    assert_eq!((l.figures.requests, l.figures.failures), (2, 2));
+    assert_eq!(l.aggregate_tok_s, Some(0.0));
+    assert!(l.figures.per_request_tok_s.is_none());
+    for r in &l.results {
+        assert_eq!(r.status, None);
+        let e = r.error.as_deref().unwrap().to_lowercase();
+        assert!(e.contains("refused"), "{e}");
+    }
+}

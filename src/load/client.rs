@@ -183,11 +183,7 @@ impl HttpClient {
         p: &mut Partial,
         live_events: &AtomicU64,
     ) -> Result<(), String> {
-        let resp = self
-            .inner
-            .request(req)
-            .await
-            .map_err(|e| format!("{e:#}"))?;
+        let resp = self.inner.request(req).await.map_err(|e| error_chain(&e))?;
         let status = resp.status();
         p.status = Some(status.as_u16());
         // A server that ignores `stream` answers one JSON document; read it as such.
@@ -237,7 +233,7 @@ impl HttpClient {
             StreamEvent::Done | StreamEvent::Unparsable => {}
         };
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| format!("reading stream: {e:#}"))?;
+            let frame = frame.map_err(|e| format!("reading stream: {}", error_chain(&e)))?;
             if let Some(data) = frame.data_ref() {
                 parser
                     .feed(data, &mut on_event)
@@ -247,6 +243,20 @@ impl HttpClient {
         parser.finish(&mut on_event);
         Ok(())
     }
+}
+
+/// An error and its sources, `outer: inner: …` (hyper's own message alone is too terse).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    // Bounded: a cyclic source chain cannot hang the report.
+    for _ in 0..8 {
+        let Some(s) = source else { break };
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }
 
 /// The JSON body of a chat request.
