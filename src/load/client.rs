@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 
 use super::event::{error_text, parse_event, StreamEvent};
 use super::result::{finish, Partial, RequestResult};
-use super::sse::SseParser;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -209,7 +208,7 @@ impl HttpClient {
             return Ok(());
         }
         p.sse = true;
-        let mut parser = SseParser::new();
+        let mut scanner = crate::sse::SseScanner::new(MAX_EVENT_BYTES);
         let mut on_event = |data: &[u8]| match parse_event(data) {
             StreamEvent::Chunk {
                 has_choices,
@@ -235,15 +234,19 @@ impl HttpClient {
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| format!("reading stream: {}", error_chain(&e)))?;
             if let Some(data) = frame.data_ref() {
-                parser
-                    .feed(data, &mut on_event)
-                    .map_err(|e| e.to_string())?;
+                scanner.feed(data, |ev| {
+                    if !ev.oversize {
+                        on_event(ev.data)
+                    }
+                });
             }
         }
-        parser.finish(&mut on_event);
         Ok(())
     }
 }
+
+/// Largest single event read; larger ones are skipped (a stream's events are a few hundred bytes).
+const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
 
 /// An error and its sources, `outer: inner: …` (hyper's own message alone is too terse).
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -1,23 +1,8 @@
-//! Reading one streamed chat-completion event without building a JSON tree.
-//!
-//! Only what the load generator measures is extracted: whether `choices` is non-empty (TTFT),
-//! how many choices carry non-empty text (the fallback token count), `usage`, and `error`.
+//! Reading one streamed chat-completion event, with the proxy's own summary parser
+//! ([`crate::openai::summarize`]): whether `choices` is non-empty (TTFT), how many choices carry
+//! output (the fallback token count), `usage`, and `error`.
 
-use std::fmt;
-
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
-
-/// Token counts from a `usage` object.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub struct Usage {
-    /// `usage.prompt_tokens`.
-    #[serde(default)]
-    pub prompt_tokens: Option<u64>,
-    /// `usage.completion_tokens`.
-    #[serde(default)]
-    pub completion_tokens: Option<u64>,
-}
+pub use crate::openai::Usage;
 
 /// What one `data:` payload says.
 #[derive(Debug, PartialEq)]
@@ -28,7 +13,7 @@ pub enum StreamEvent {
     Chunk {
         /// `choices` holds at least one element.
         has_choices: bool,
-        /// Choices whose `delta.content` (chat) or `text` (completions) is a non-empty string.
+        /// Choices that carry output (non-empty content, text, reasoning or tool calls).
         content_choices: u32,
         /// The chunk's `usage`, when present and not null.
         usage: Option<Usage>,
@@ -45,19 +30,18 @@ pub fn parse_event(data: &[u8]) -> StreamEvent {
     if trimmed == b"[DONE]" {
         return StreamEvent::Done;
     }
-    match serde_json::from_slice::<ChunkLite>(trimmed) {
-        Ok(c) => {
-            if let Some(err) = c.error {
-                return StreamEvent::Error(error_text(&err));
-            }
-            let choices = c.choices.unwrap_or_default();
-            StreamEvent::Chunk {
-                has_choices: choices.count > 0,
-                content_choices: choices.with_content,
-                usage: c.usage,
-            }
+    match crate::openai::summarize(trimmed) {
+        Some(s) if s.is_error => {
+            // Rare: build the tree only to read the message.
+            let v: serde_json::Value = serde_json::from_slice(trimmed).unwrap_or_default();
+            StreamEvent::Error(error_text(&v))
         }
-        Err(_) => StreamEvent::Unparsable,
+        Some(s) => StreamEvent::Chunk {
+            has_choices: s.choices > 0,
+            content_choices: s.content_choices,
+            usage: s.usage,
+        },
+        None => StreamEvent::Unparsable,
     }
 }
 
@@ -73,109 +57,6 @@ pub fn error_text(v: &serde_json::Value) -> String {
     inner
         .as_str()
         .map_or_else(|| inner.to_string(), str::to_owned)
-}
-
-#[derive(Deserialize)]
-struct ChunkLite {
-    #[serde(default)]
-    choices: Option<ChoicesSummary>,
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(default)]
-    error: Option<serde_json::Value>,
-}
-
-#[derive(Default)]
-struct ChoicesSummary {
-    count: u32,
-    with_content: u32,
-}
-
-#[derive(Deserialize)]
-struct ChoiceLite {
-    #[serde(default)]
-    delta: Option<DeltaLite>,
-    #[serde(default)]
-    text: Option<HasText>,
-}
-
-#[derive(Deserialize)]
-struct DeltaLite {
-    #[serde(default)]
-    content: Option<HasText>,
-}
-
-impl<'de> Deserialize<'de> for ChoicesSummary {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ChoicesSummary;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an array of choices")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut s = ChoicesSummary::default();
-                while let Some(c) = seq.next_element::<ChoiceLite>()? {
-                    s.count = s.count.saturating_add(1);
-                    let text = c.text.is_some_and(|t| t.0);
-                    let content = c.delta.and_then(|d| d.content).is_some_and(|t| t.0);
-                    if text || content {
-                        s.with_content = s.with_content.saturating_add(1);
-                    }
-                }
-                Ok(s)
-            }
-        }
-        d.deserialize_seq(V)
-    }
-}
-
-/// Whether a value is a non-empty string, or a non-empty array/object (multimodal content).
-struct HasText(bool);
-
-impl<'de> Deserialize<'de> for HasText {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = HasText;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("text")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<HasText, E> {
-                Ok(HasText(!v.is_empty()))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<HasText, E> {
-                Ok(HasText(false))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<HasText, E> {
-                Ok(HasText(false))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<HasText, E> {
-                Ok(HasText(false))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<HasText, E> {
-                Ok(HasText(false))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<HasText, E> {
-                Ok(HasText(false))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<HasText, A::Error> {
-                let mut any = false;
-                while seq.next_element::<IgnoredAny>()?.is_some() {
-                    any = true;
-                }
-                Ok(HasText(any))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<HasText, A::Error> {
-                let mut any = false;
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
-                    any = true;
-                }
-                Ok(HasText(any))
-            }
-        }
-        d.deserialize_any(V)
-    }
 }
 
 #[cfg(test)]

@@ -33,7 +33,6 @@ pub mod progress;
 pub mod prompts;
 pub mod report;
 pub mod result;
-pub mod sse;
 pub mod stats;
 pub mod sustained;
 pub mod table;
