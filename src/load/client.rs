@@ -32,7 +32,7 @@ pub fn normalize_base_url(url: &str) -> anyhow::Result<String> {
     let uri: http::Uri = base
         .parse()
         .map_err(|e| anyhow::anyhow!("bad --url {url:?}: {e}"))?;
-    if uri.host().map_or(true, str::is_empty) {
+    if uri.host().is_none_or(str::is_empty) {
         anyhow::bail!("--url has no host: {url:?}");
     }
     Ok(base.to_owned())
