@@ -1,14 +1,228 @@
-//! JSON-lines access log (stub: counters only until the writer lands).
+//! JSON-lines access log: one line per finished request, written by a background task behind a
+//! bounded channel. The data path never waits: when the channel is full the record is dropped and
+//! counted. Lines are flushed whenever the queue runs empty, on reopen (SIGHUP) and at shutdown.
 
-use std::sync::atomic::AtomicU64;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, Notify};
+
+use crate::clock::UnixNanos;
+use crate::proxy::Observer;
+use crate::record::RequestRecord;
 
 /// Counters the access-log writer keeps, shown in `/stats` and the process log.
 #[derive(Debug, Default)]
 pub struct AccessLogCounters {
-    /// Lines written to the file.
+    /// Lines written to the file (flushed).
     pub written: AtomicU64,
-    /// Records dropped because the channel was full or the writer was gone.
+    /// Records dropped because the queue was full or the writer had stopped.
     pub dropped: AtomicU64,
-    /// Records lost to write errors (full disk, unwritable file).
+    /// Lines lost to write errors (full disk, unwritable file).
     pub failed: AtomicU64,
+}
+
+impl AccessLogCounters {
+    /// (written, dropped, failed) now.
+    pub fn get(&self) -> (u64, u64, u64) {
+        (
+            self.written.load(Ordering::Relaxed),
+            self.dropped.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// The data-path side: queues records without waiting.
+pub struct AccessLogSink {
+    tx: mpsc::Sender<Arc<RequestRecord>>,
+    counters: Arc<AccessLogCounters>,
+}
+
+impl Observer for AccessLogSink {
+    fn started(&self, _: u64, _: UnixNanos, _: &Arc<str>, _: Option<&Arc<str>>) {}
+
+    fn tokens(&self, _: u64, _: UnixNanos, _: u64) {}
+
+    fn finished(&self, _: UnixNanos, record: &Arc<RequestRecord>, _: bool) {
+        if self.tx.try_send(record.clone()).is_err() {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Control of the writer task.
+pub struct AccessLogWriter {
+    reopen: Arc<Notify>,
+    close: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+    counters: Arc<AccessLogCounters>,
+}
+
+impl AccessLogWriter {
+    /// Asks the writer to reopen its file (after logrotate moved it).
+    pub fn reopen(&self) {
+        self.reopen.notify_one();
+    }
+
+    /// The writer's counters.
+    pub fn counters(&self) -> Arc<AccessLogCounters> {
+        self.counters.clone()
+    }
+
+    /// Stops taking records, writes what is queued, flushes, and waits for the task.
+    pub async fn close(mut self) {
+        if let Some(c) = self.close.take() {
+            let _ = c.send(());
+        }
+        let _ = self.task.await;
+    }
+}
+
+/// Opens `path` for appending (created if missing) and starts the writer task.
+pub fn spawn(
+    path: &Path,
+    queue: usize,
+    counters: Arc<AccessLogCounters>,
+) -> std::io::Result<(AccessLogSink, AccessLogWriter)> {
+    let file = open(path)?;
+    let (tx, rx) = mpsc::channel(queue);
+    let reopen = Arc::new(Notify::new());
+    let (close_tx, close_rx) = oneshot::channel();
+    let task = tokio::spawn(write_loop(
+        path.to_path_buf(),
+        file,
+        rx,
+        reopen.clone(),
+        close_rx,
+        counters.clone(),
+    ));
+    Ok((
+        AccessLogSink {
+            tx,
+            counters: counters.clone(),
+        },
+        AccessLogWriter {
+            reopen,
+            close: Some(close_tx),
+            task,
+            counters,
+        },
+    ))
+}
+
+fn open(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+/// Buffered lines not yet known to be on disk.
+struct Output {
+    path: PathBuf,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+    unflushed: u64,
+    counters: Arc<AccessLogCounters>,
+}
+
+impl Output {
+    fn write(&mut self, record: &RequestRecord) {
+        if self.file.is_none() {
+            self.reopen();
+        }
+        let line = record.to_json_line();
+        match self.file.as_mut().map(|f| f.write_all(&line)) {
+            Some(Ok(())) => self.unflushed += 1,
+            Some(Err(e)) => {
+                let lost = self.unflushed + 1;
+                self.fail(&e, lost)
+            }
+            None => self.lose(1),
+        }
+    }
+
+    fn flush(&mut self) {
+        let Some(f) = self.file.as_mut() else { return };
+        match f.flush() {
+            Ok(()) => {
+                self.counters
+                    .written
+                    .fetch_add(self.unflushed, Ordering::Relaxed);
+                self.unflushed = 0;
+            }
+            Err(e) => {
+                let n = self.unflushed;
+                self.fail(&e, n);
+            }
+        }
+    }
+
+    fn reopen(&mut self) {
+        self.flush();
+        match open(&self.path) {
+            Ok(f) => self.file = Some(std::io::BufWriter::with_capacity(64 * 1024, f)),
+            Err(e) => {
+                tracing::warn!(error = %e, path = %self.path.display(), "access log: cannot open; records are counted as failed until it can");
+                self.file = None;
+            }
+        }
+    }
+
+    /// A write error: `lines` are lost; drop the handle (unflushed) so the next record reopens.
+    fn fail(&mut self, e: &std::io::Error, lines: u64) {
+        let before = self.counters.failed.fetch_add(lines, Ordering::Relaxed);
+        if before == 0 || (before + lines).is_power_of_two() {
+            tracing::warn!(error = %e, lost_so_far = before + lines, "access log: write failed; serving continues");
+        }
+        self.unflushed = 0;
+        if let Some(f) = self.file.take() {
+            // Dropping a BufWriter would retry the flush; the lines are already counted as lost.
+            let _ = f.into_parts();
+        }
+    }
+
+    fn lose(&mut self, lines: u64) {
+        self.counters.failed.fetch_add(lines, Ordering::Relaxed);
+    }
+}
+
+async fn write_loop(
+    path: PathBuf,
+    file: std::fs::File,
+    mut rx: mpsc::Receiver<Arc<RequestRecord>>,
+    reopen: Arc<Notify>,
+    mut close: oneshot::Receiver<()>,
+    counters: Arc<AccessLogCounters>,
+) {
+    let mut out = Output {
+        path,
+        file: Some(std::io::BufWriter::with_capacity(64 * 1024, file)),
+        unflushed: 0,
+        counters,
+    };
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut close => break,
+            _ = reopen.notified() => out.reopen(),
+            rec = rx.recv() => match rec {
+                Some(r) => {
+                    out.write(&r);
+                    while let Ok(r) = rx.try_recv() {
+                        out.write(&r);
+                    }
+                    out.flush();
+                }
+                None => break,
+            },
+        }
+    }
+    rx.close();
+    while let Some(r) = rx.recv().await {
+        out.write(&r);
+    }
+    out.flush();
 }

@@ -14,6 +14,8 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// The measuring proxy: forwards everything to vLLM and measures every generation.
+    Serve(crate::config::ServeArgs),
     /// A vLLM stand-in with continuous batching, vLLM's wire format and /metrics.
     Sim(crate::sim::SimArgs),
     /// Load generator: the burst sweep and the sustained method, against any OpenAI-compatible URL.
@@ -25,6 +27,7 @@ pub enum Command {
 /// Runs the parsed command line to completion.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Serve(args) => crate::proxy::run_cli(args).await,
         Command::Sim(args) => crate::sim::run_cli(args).await,
         Command::Load(args) => crate::load::run_cli(args).await,
         Command::Analyze(args) => crate::analyze::run_cli(args).await,

@@ -111,7 +111,7 @@ pub struct RequestRecord {
     pub path: String,
     /// Status sent to the client (`null` when the client left before a status was sent).
     pub status: Option<u16>,
-    /// Whether the request asked for a stream (`null` when the body did not say or was not JSON).
+    /// Whether the request asked for a stream (absent = false; `null` when not a boolean or not JSON).
     pub stream: Option<bool>,
     /// How the request ended.
     pub outcome: Outcome,

@@ -1,0 +1,429 @@
+//! `tokenmeter serve` settings: a TOML file, overridden by `TOKENMETER_*` environment variables,
+//! overridden by flags. Unknown keys are errors that name the key.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+use crate::record::UserSource;
+
+/// Environment variables with this prefix override config keys (`__` separates nesting levels).
+pub const ENV_PREFIX: &str = "TOKENMETER_";
+/// Environment variables with the prefix that are not config keys.
+const ENV_RESERVED: [&str; 2] = ["TOKENMETER_LOG", "TOKENMETER_CONFIG"];
+
+/// A secret string: deserialized as plain text, never printed.
+#[derive(Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"<redacted>\"")
+    }
+}
+
+/// Everything `serve` needs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    /// Address the proxy listens on.
+    pub listen: String,
+    /// Base URL of the vLLM server (`http://host:port`).
+    pub upstream: String,
+    /// JSON-lines access log file; none when unset.
+    pub access_log: Option<PathBuf>,
+    /// Records the access log may queue before new ones are dropped (and counted).
+    pub access_log_buffer: usize,
+    /// Separate address for `/stats*`; when set, `/stats` on `listen` passes through upstream.
+    pub admin_listen: Option<String>,
+    /// Bearer token required for `/stats*` when set.
+    pub stats_token: Option<Secret>,
+    /// Ask the upstream for usage on streams that did not, and hide it from the client.
+    pub inject_stream_usage: bool,
+    /// Measure and meter responses; off makes tokenmeter a plain pass-through (for benchmarks).
+    pub metering: bool,
+    /// Largest request head (request line and headers) accepted; larger gets 431.
+    pub max_header_bytes: usize,
+    /// Largest request body accepted; larger gets 413.
+    pub max_request_body_bytes: u64,
+    /// Largest non-streamed response copied aside to read its `usage`; larger passes unread.
+    pub max_response_scan_bytes: usize,
+    /// Largest single SSE event parsed; larger events pass through unread.
+    pub max_sse_event_bytes: usize,
+    /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
+    pub shutdown_grace_s: u64,
+    /// Timeouts.
+    pub timeouts: Timeouts,
+    /// Who is the user.
+    pub users: UsersConfig,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            listen: "127.0.0.1:8080".into(),
+            upstream: "http://127.0.0.1:8000".into(),
+            access_log: None,
+            access_log_buffer: 65_536,
+            admin_listen: None,
+            stats_token: None,
+            inject_stream_usage: true,
+            metering: true,
+            max_header_bytes: 64 * 1024,
+            max_request_body_bytes: 64 * 1024 * 1024,
+            max_response_scan_bytes: 4 * 1024 * 1024,
+            max_sse_event_bytes: 1024 * 1024,
+            shutdown_grace_s: 30,
+            timeouts: Timeouts::default(),
+            users: UsersConfig::default(),
+        }
+    }
+}
+
+/// Timeouts, in milliseconds. Defaults never cut a long generation or a long queue wait.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// Establishing a TCP connection to the upstream (502 after it).
+    pub connect_ms: u64,
+    /// Reading a client's request head (slow-header clients are dropped after it).
+    pub head_read_ms: u64,
+    /// Reading a client's request body (408 after it).
+    pub request_body_ms: u64,
+    /// Waiting for the upstream's response headers (504 after it). Non-streamed responses only
+    /// send headers when generation is done, so this bounds a whole non-streamed generation.
+    pub upstream_headers_ms: u64,
+    /// Longest silence between two response body frames (the response is cut after it).
+    pub body_idle_ms: u64,
+    /// How long an idle pooled upstream connection is kept.
+    pub pool_idle_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect_ms: 5_000,
+            head_read_ms: 30_000,
+            request_body_ms: 300_000,
+            upstream_headers_ms: 3_600_000,
+            body_idle_ms: 900_000,
+            pool_idle_ms: 90_000,
+        }
+    }
+}
+
+impl Timeouts {
+    /// `ms` as a duration.
+    pub fn dur(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+}
+
+/// How requests are attributed to users.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UsersConfig {
+    /// Sources tried in order; the first that yields a name wins.
+    pub order: Vec<UserSource>,
+    /// Header carrying the user name (stripped before forwarding).
+    pub header: String,
+    /// User name → API key (or `sha256:<hex of the key>` so the file need not hold the key).
+    pub api_keys: BTreeMap<String, Secret>,
+    /// Reject requests whose bearer key is missing or not in `api_keys` (401).
+    pub require_known_key: bool,
+    /// Key sent upstream instead of the client's (replaces `Authorization`).
+    pub upstream_api_key: Option<Secret>,
+}
+
+impl Default for UsersConfig {
+    fn default() -> Self {
+        UsersConfig {
+            order: vec![
+                UserSource::Path,
+                UserSource::Header,
+                UserSource::KeyMap,
+                UserSource::Body,
+                UserSource::KeyHash,
+                UserSource::Ip,
+            ],
+            header: "x-tokenmeter-user".into(),
+            api_keys: BTreeMap::new(),
+            require_known_key: false,
+            upstream_api_key: None,
+        }
+    }
+}
+
+impl ServeConfig {
+    /// Checks every value that deserialization alone cannot.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.listen_addr()?;
+        if let Some(a) = &self.admin_listen {
+            a.parse::<SocketAddr>()
+                .with_context(|| format!("admin_listen: `{a}` is not host:port"))?;
+        }
+        self.upstream_uri()?;
+        if self.max_header_bytes < 8192 {
+            bail!("max_header_bytes: must be at least 8192");
+        }
+        if self.max_request_body_bytes == 0
+            || self.access_log_buffer == 0
+            || self.max_sse_event_bytes == 0
+        {
+            bail!("max_request_body_bytes, access_log_buffer and max_sse_event_bytes must be positive");
+        }
+        let t = &self.timeouts;
+        for (name, v) in [
+            ("connect_ms", t.connect_ms),
+            ("head_read_ms", t.head_read_ms),
+            ("request_body_ms", t.request_body_ms),
+            ("upstream_headers_ms", t.upstream_headers_ms),
+            ("body_idle_ms", t.body_idle_ms),
+        ] {
+            if v == 0 {
+                bail!("timeouts.{name}: must be positive");
+            }
+        }
+        if self.users.order.is_empty() {
+            bail!("users.order: must name at least one source");
+        }
+        let mut seen = Vec::new();
+        for s in &self.users.order {
+            if seen.contains(s) {
+                bail!("users.order: {s:?} appears twice");
+            }
+            seen.push(*s);
+        }
+        http::HeaderName::from_bytes(self.users.header.as_bytes()).with_context(|| {
+            format!("users.header: `{}` is not a header name", self.users.header)
+        })?;
+        if self.users.require_known_key && self.users.api_keys.is_empty() {
+            bail!("users.require_known_key needs users.api_keys");
+        }
+        Ok(())
+    }
+
+    /// The listen address.
+    pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {
+        self.listen
+            .parse()
+            .with_context(|| format!("listen: `{}` is not host:port", self.listen))
+    }
+
+    /// The upstream base URI (scheme http, with an authority).
+    pub fn upstream_uri(&self) -> anyhow::Result<http::Uri> {
+        let uri: http::Uri = self
+            .upstream
+            .parse()
+            .with_context(|| format!("upstream: `{}` is not a URL", self.upstream))?;
+        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+            bail!(
+                "upstream: `{}` must be http://host:port (https is not supported)",
+                self.upstream
+            );
+        }
+        Ok(uri)
+    }
+}
+
+/// Flags of `tokenmeter serve`; each overrides the file and the environment.
+#[derive(Debug, Default, clap::Args)]
+pub struct ServeArgs {
+    /// TOML config file (see config/tokenmeter.toml); also `TOKENMETER_CONFIG`.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on, e.g. 0.0.0.0:8080 (port 0 picks a free port).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// vLLM base URL, e.g. http://127.0.0.1:8000.
+    #[arg(long)]
+    pub upstream: Option<String>,
+    /// JSON-lines access log file.
+    #[arg(long)]
+    pub access_log: Option<PathBuf>,
+    /// Serve /stats* on this separate address instead.
+    #[arg(long)]
+    pub admin_listen: Option<String>,
+    /// Any other setting, as KEY=VALUE with dotted keys (e.g. timeouts.connect_ms=2000); repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Validate the configuration, print it (secrets redacted) and exit.
+    #[arg(long)]
+    pub check_config: bool,
+}
+
+/// Builds the effective config: file < environment < flags.
+pub fn load(
+    args: &ServeArgs,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> anyhow::Result<ServeConfig> {
+    let env: Vec<(String, String)> = env.into_iter().collect();
+    let path = args.config.clone().or_else(|| {
+        env.iter()
+            .find(|(k, _)| k == "TOKENMETER_CONFIG")
+            .map(|(_, v)| PathBuf::from(v))
+    });
+    let mut table = match &path {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            text.parse::<toml::Table>()
+                .with_context(|| format!("parsing {}", p.display()))?
+        }
+        None => toml::Table::new(),
+    };
+    for (k, v) in &env {
+        let Some(rest) = k.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        if ENV_RESERVED.contains(&k.as_str()) || rest.is_empty() {
+            continue;
+        }
+        let key = rest.to_ascii_lowercase().replace("__", ".");
+        set_path(&mut table, &key, v).with_context(|| format!("environment variable {k}"))?;
+    }
+    let mut flag = |key: &str, v: Option<String>| -> anyhow::Result<()> {
+        if let Some(v) = v {
+            table_set(&mut table, key, toml::Value::String(v))?;
+        }
+        Ok(())
+    };
+    flag("listen", args.listen.clone())?;
+    flag("upstream", args.upstream.clone())?;
+    flag(
+        "access_log",
+        args.access_log.as_ref().map(|p| p.display().to_string()),
+    )?;
+    flag("admin_listen", args.admin_listen.clone())?;
+    for kv in &args.set {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--set {kv}: expected KEY=VALUE"))?;
+        set_path(&mut table, k.trim(), v).with_context(|| format!("--set {k}"))?;
+    }
+    let config = ServeConfig::deserialize(toml::Value::Table(table))
+        .map_err(|e| anyhow::anyhow!("config: {}", e.to_string().trim()))?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// Sets a dotted key to a raw value: TOML syntax when it parses as TOML, else a plain string.
+fn set_path(table: &mut toml::Table, key: &str, raw: &str) -> anyhow::Result<()> {
+    let value = format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    table_set(table, key, value)
+}
+
+fn table_set(table: &mut toml::Table, key: &str, value: toml::Value) -> anyhow::Result<()> {
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts
+        .pop()
+        .filter(|s| !s.is_empty())
+        .with_context(|| format!("empty key `{key}`"))?;
+    let mut t = table;
+    for p in parts {
+        let entry = t
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = entry
+            .as_table_mut()
+            .with_context(|| format!("`{p}` is not a table"))?;
+    }
+    t.insert(last.to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> ServeArgs {
+        ServeArgs::default()
+    }
+
+    #[test]
+    fn defaults_validate() {
+        let c = load(&args(), Vec::new()).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:8080");
+        assert!(c.inject_stream_usage);
+    }
+
+    #[test]
+    fn env_overrides_file_and_flags_override_env() {
+        let dir = std::env::temp_dir().join(format!("tm-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(
+            &file,
+            "listen = \"127.0.0.1:1\"\n[timeouts]\nconnect_ms = 7\n",
+        )
+        .unwrap();
+        let mut a = args();
+        a.config = Some(file);
+        let env = vec![
+            ("TOKENMETER_LISTEN".to_string(), "127.0.0.1:2".to_string()),
+            (
+                "TOKENMETER_TIMEOUTS__CONNECT_MS".to_string(),
+                "9".to_string(),
+            ),
+            ("TOKENMETER_LOG".to_string(), "debug".to_string()),
+        ];
+        let c = load(&a, env.clone()).unwrap();
+        assert_eq!(
+            (c.listen.as_str(), c.timeouts.connect_ms),
+            ("127.0.0.1:2", 9)
+        );
+        a.listen = Some("127.0.0.1:3".into());
+        a.set = vec!["timeouts.connect_ms=11".into(), "users.header=x-who".into()];
+        let c = load(&a, env).unwrap();
+        assert_eq!(
+            (
+                c.listen.as_str(),
+                c.timeouts.connect_ms,
+                c.users.header.as_str()
+            ),
+            ("127.0.0.1:3", 11, "x-who")
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = load(&args(), vec![("TOKENMETER_LISTNE".into(), "x".into())]).unwrap_err();
+        assert!(format!("{err:#}").contains("listne"), "{err:#}");
+        let mut a = args();
+        a.set = vec!["timeouts.conect_ms=1".into()];
+        let err = load(&a, Vec::new()).unwrap_err();
+        assert!(format!("{err:#}").contains("conect_ms"), "{err:#}");
+    }
+
+    #[test]
+    fn invalid_values_are_explained() {
+        let mut a = args();
+        a.upstream = Some("https://x".into());
+        assert!(format!("{:#}", load(&a, Vec::new()).unwrap_err()).contains("https"));
+        let mut a = args();
+        a.set = vec!["max_header_bytes=100".into()];
+        assert!(format!("{:#}", load(&a, Vec::new()).unwrap_err()).contains("8192"));
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let mut a = args();
+        a.set = vec![
+            "users.upstream_api_key=\"sk-canary-123\"".into(),
+            "stats_token=tok-canary".into(),
+        ];
+        let c = load(&a, Vec::new()).unwrap();
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("canary"), "{shown}");
+    }
+}

@@ -1,0 +1,148 @@
+//! Errors the proxy answers itself, as OpenAI-shaped JSON with the right status.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+
+/// Whose fault an error is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The client sent something the proxy will not forward.
+    Client,
+    /// The upstream could not be reached or did not answer in time.
+    Upstream,
+}
+
+/// An error the proxy answers on its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyError {
+    /// HTTP status to answer with.
+    pub status: StatusCode,
+    /// Whose fault it is.
+    pub fault: Fault,
+    /// The OpenAI-style `type`.
+    pub kind: &'static str,
+    /// Human-readable cause; never contains request data, keys or internal addresses.
+    pub message: String,
+    /// The request field at fault, when there is one.
+    pub param: Option<&'static str>,
+}
+
+impl ProxyError {
+    /// 400: the request could not be read.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            Fault::Client,
+            "BadRequestError",
+            message,
+        )
+    }
+
+    /// 401: a key is required and was missing or unknown.
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            Fault::Client,
+            "AuthenticationError",
+            "Invalid or missing API key.",
+        )
+    }
+
+    /// 408: the client took too long to send its body.
+    pub fn body_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            Fault::Client,
+            "RequestTimeoutError",
+            "The request body was not received in time.",
+        )
+    }
+
+    /// 413: the body is larger than the configured limit.
+    pub fn too_large(limit: u64) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Fault::Client,
+            "RequestTooLargeError",
+            format!("The request body exceeds the limit of {limit} bytes."),
+        )
+    }
+
+    /// 502: the upstream could not be reached or failed before answering.
+    pub fn bad_gateway(cause: &str) -> Self {
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            Fault::Upstream,
+            "BadGatewayError",
+            format!("The inference server is unavailable: {cause}."),
+        )
+    }
+
+    /// 504: the upstream did not answer in time.
+    pub fn gateway_timeout(what: &str) -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            Fault::Upstream,
+            "GatewayTimeoutError",
+            format!("The inference server did not answer in time ({what})."),
+        )
+    }
+
+    fn new(
+        status: StatusCode,
+        fault: Fault,
+        kind: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        ProxyError {
+            status,
+            fault,
+            kind,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// The JSON body: `{"error":{"message","type","param","code"}}`.
+    pub fn body(&self) -> Bytes {
+        let v = serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status.as_u16(),
+            }
+        });
+        Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+    }
+
+    /// The full response.
+    pub fn response<B: From<Bytes>>(&self) -> Response<B> {
+        let body = self.body();
+        let mut r = Response::new(B::from(body));
+        *r.status_mut() = self.status;
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_is_openai_shaped() {
+        let e = ProxyError::bad_gateway("connection refused");
+        let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+        assert_eq!(v["error"]["code"], 502);
+        assert_eq!(v["error"]["type"], "BadGatewayError");
+        assert!(v["error"]["param"].is_null());
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("connection refused"));
+    }
+}

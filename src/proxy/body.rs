@@ -1,0 +1,331 @@
+//! The response body wrapper: forwards upstream frames as they arrive, measures them on the way,
+//! and finishes its request's record exactly once (end, error, timeout, or drop = client abort).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::Sleep;
+
+use crate::openai::summarize;
+use crate::proxy::tracker::Tracker;
+use crate::record::Outcome;
+use crate::sse::SseScanner;
+
+/// Error type of the proxied body; any error makes hyper cut the response (no clean end).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How the body is read on the way through.
+pub enum Reading {
+    /// Server-sent events, scanned incrementally; `strip_usage` removes usage-only events the
+    /// proxy asked for on the client's behalf.
+    Sse {
+        scanner: SseScanner,
+        strip_usage: bool,
+        held: BytesMut,
+        max_held: usize,
+    },
+    /// A JSON body copied aside (up to `limit` bytes) to read its usage at the end.
+    Json {
+        copy: Vec<u8>,
+        limit: usize,
+        overflow: bool,
+    },
+    /// Passed through, only counted.
+    Opaque,
+}
+
+/// A body frame arrived too late.
+#[derive(Debug)]
+struct IdleTimeout;
+
+impl std::fmt::Display for IdleTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("upstream body idle timeout")
+    }
+}
+
+impl std::error::Error for IdleTimeout {}
+
+/// The upstream's response body, metered.
+pub struct MeteredBody {
+    inner: Option<Incoming>,
+    tracker: Tracker,
+    reading: Reading,
+    idle: Duration,
+    last_frame: Instant,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl MeteredBody {
+    /// Wraps `inner`; the request's record is finished by this body from now on.
+    pub fn new(inner: Incoming, tracker: Tracker, reading: Reading, idle: Duration) -> Self {
+        let now = Instant::now();
+        MeteredBody {
+            inner: Some(inner),
+            tracker,
+            reading,
+            idle,
+            last_frame: now,
+            timer: Box::pin(tokio::time::sleep_until((now + idle).into())),
+        }
+    }
+
+    fn holds_bytes(&self) -> bool {
+        matches!(&self.reading, Reading::Sse { held, .. } if !held.is_empty())
+    }
+
+    fn end(&mut self, outcome: Outcome, error: Option<&str>) {
+        let now = Instant::now();
+        if let Reading::Json {
+            copy,
+            overflow: false,
+            ..
+        } = &self.reading
+        {
+            if let Some(s) = summarize(copy) {
+                self.tracker.on_summary(&s, now, false);
+            }
+        }
+        self.inner = None;
+        self.tracker.finish(outcome, error, now);
+    }
+
+    /// Measures one data frame; returns what to send on (possibly less, when usage is stripped).
+    fn on_data(&mut self, data: Bytes) -> Option<Bytes> {
+        let now = Instant::now();
+        let tracker = &mut self.tracker;
+        tracker.on_upstream_bytes(now);
+        let out = match &mut self.reading {
+            Reading::Opaque => data,
+            Reading::Json {
+                copy,
+                limit,
+                overflow,
+            } => {
+                if !*overflow {
+                    if copy.len() + data.len() > *limit {
+                        *overflow = true;
+                        *copy = Vec::new();
+                    } else {
+                        copy.extend_from_slice(&data);
+                    }
+                }
+                data
+            }
+            Reading::Sse {
+                scanner,
+                strip_usage,
+                held,
+                max_held,
+            } => {
+                if !*strip_usage {
+                    scanner.feed(&data, |ev| {
+                        if !ev.oversize {
+                            if let Some(s) = summarize(ev.data) {
+                                tracker.on_summary(&s, now, true);
+                            }
+                        }
+                    });
+                    data
+                } else {
+                    let mut out = strip_usage_events(scanner, held, &data, |s| {
+                        tracker.on_summary(s, now, true)
+                    });
+                    if held.len() > *max_held {
+                        // An event this large is not a usage event: stop holding, pass everything.
+                        let mut all = BytesMut::with_capacity(out.len() + held.len());
+                        all.extend_from_slice(&out);
+                        all.extend_from_slice(held);
+                        held.clear();
+                        *strip_usage = false;
+                        out = all.freeze();
+                    }
+                    out
+                }
+            }
+        };
+        if out.is_empty() {
+            return None;
+        }
+        tracker.on_sent(out.len());
+        Some(out)
+    }
+}
+
+/// Feeds `data` through the scanner, drops usage-only events (`"choices": []` with usage), holds
+/// back an event that is not complete yet (it might be one), and returns the bytes to send now.
+fn strip_usage_events(
+    scanner: &mut SseScanner,
+    held: &mut BytesMut,
+    data: &Bytes,
+    mut on_summary: impl FnMut(&crate::openai::Summary<'_>),
+) -> Bytes {
+    // Ranges of `data` to drop, and whether the held prefix is dropped.
+    let mut drops: [(usize, usize); 4] = [(0, 0); 4];
+    let mut n_drops = 0;
+    let mut overflow_drops: Vec<(usize, usize)> = Vec::new();
+    let mut drop_held = false;
+    let mut held_ends_at: Option<usize> = None;
+    scanner.feed(data, |ev| {
+        let mut usage_only = false;
+        if !ev.oversize {
+            if let Some(s) = summarize(ev.data) {
+                usage_only = s.choices == 0 && s.usage.is_some() && !s.is_error;
+                on_summary(&s);
+            }
+        }
+        if ev.start.is_none() {
+            held_ends_at = Some(ev.end);
+            drop_held = usage_only;
+            if usage_only {
+                push_range(&mut drops, &mut n_drops, &mut overflow_drops, (0, ev.end));
+            }
+        } else if usage_only {
+            push_range(
+                &mut drops,
+                &mut n_drops,
+                &mut overflow_drops,
+                (ev.start.unwrap_or(0), ev.end),
+            );
+        }
+    });
+    let tail_from = if scanner.in_event() {
+        scanner.pending_from().unwrap_or(0)
+    } else {
+        data.len()
+    };
+    let held_complete =
+        held_ends_at.is_some() || !scanner.in_event() || scanner.pending_from().is_some();
+    let mut ranges = drops[..n_drops]
+        .iter()
+        .chain(overflow_drops.iter())
+        .copied()
+        .peekable();
+    // Common case: nothing held, nothing dropped, nothing pending.
+    if held.is_empty() && ranges.peek().is_none() && tail_from == data.len() {
+        return data.clone();
+    }
+    let mut out = BytesMut::new();
+    if !held.is_empty() && held_complete {
+        if !drop_held {
+            out.extend_from_slice(held);
+        }
+        held.clear();
+    }
+    let mut pos = 0;
+    for (from, to) in ranges {
+        if from > pos {
+            out.extend_from_slice(&data[pos..from.min(tail_from)]);
+        }
+        pos = pos.max(to);
+    }
+    if pos < tail_from {
+        out.extend_from_slice(&data[pos..tail_from]);
+    }
+    if tail_from < data.len() {
+        held.extend_from_slice(&data[tail_from.max(pos)..]);
+    }
+    out.freeze()
+}
+
+fn push_range(
+    fixed: &mut [(usize, usize); 4],
+    n: &mut usize,
+    more: &mut Vec<(usize, usize)>,
+    r: (usize, usize),
+) {
+    if *n < fixed.len() {
+        fixed[*n] = r;
+        *n += 1;
+    } else {
+        more.push(r);
+    }
+}
+
+impl Body for MeteredBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            let Some(inner) = this.inner.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match Pin::new(inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    this.last_frame = Instant::now();
+                    match frame.into_data() {
+                        Ok(data) => {
+                            let out = this.on_data(data);
+                            // A body of known length is over with its last byte: hyper will not
+                            // poll again, so the record is finished now, not at drop.
+                            let over = this.inner.as_ref().is_some_and(|b| b.is_end_stream())
+                                && !this.holds_bytes();
+                            if over {
+                                this.end(Outcome::Ok, None);
+                            }
+                            if let Some(out) = out {
+                                return Poll::Ready(Some(Ok(Frame::data(out))));
+                            }
+                            if over {
+                                return Poll::Ready(None);
+                            }
+                        }
+                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    this.end(
+                        Outcome::UpstreamAborted,
+                        Some("upstream connection lost mid-body"),
+                    );
+                    return Poll::Ready(Some(Err(Box::new(e))));
+                }
+                Poll::Ready(None) => {
+                    if let Reading::Sse { held, .. } = &mut this.reading {
+                        if !held.is_empty() {
+                            // An unterminated last event: pass it on as the upstream sent it.
+                            let rest = held.split().freeze();
+                            this.tracker.on_sent(rest.len());
+                            return Poll::Ready(Some(Ok(Frame::data(rest))));
+                        }
+                    }
+                    this.end(Outcome::Ok, None);
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => {
+                    // The timer is re-armed lazily: frames only record their time.
+                    while this.timer.as_mut().poll(cx).is_ready() {
+                        let deadline = this.last_frame + this.idle;
+                        if Instant::now() >= deadline {
+                            this.end(Outcome::Timeout, Some("upstream body idle timeout"));
+                            return Poll::Ready(Some(Err(Box::new(IdleTimeout))));
+                        }
+                        this.timer.as_mut().reset(deadline.into());
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match (&self.inner, &self.reading) {
+            (Some(b), Reading::Json { .. } | Reading::Opaque) => b.size_hint(),
+            _ => SizeHint::default(),
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! One request's trip: read and identify it, forward it upstream unchanged (but for hop-by-hop
+//! headers and the optional usage request), and hand the response back through a metered body.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+
+use crate::config::ServeConfig;
+use crate::error::ProxyError;
+use crate::proxy::body::{MeteredBody, Reading};
+use crate::proxy::headers::strip_hop_by_hop;
+use crate::proxy::identity::{self, Clues};
+use crate::proxy::request::{inject_include_usage, RequestInfo};
+use crate::proxy::tracker::{RequestMeta, Tracker, TrackerShared};
+use crate::proxy::ProxyBody;
+use crate::record::{is_generation_path, Outcome};
+use crate::sse::SseScanner;
+
+/// What every request of one proxy shares.
+pub struct ProxyState {
+    /// Settings.
+    pub config: ServeConfig,
+    /// `http://host:port[/base]` of the upstream, without a trailing slash.
+    pub upstream_base: String,
+    /// The upstream's authority, sent as `Host`.
+    pub upstream_host: HeaderValue,
+    /// Pooled keep-alive connections to the upstream.
+    pub client: Client<HttpConnector, Full<Bytes>>,
+    /// Measurement state shared by all requests.
+    pub trackers: Arc<TrackerShared>,
+    /// `/stats*` handler on this listener, when stats are served here.
+    pub stats: Option<axum::Router>,
+}
+
+/// Handles one request; never fails (every error is an HTTP answer).
+pub async fn handle(
+    state: Arc<ProxyState>,
+    req: Request<Incoming>,
+    remote: SocketAddr,
+) -> Result<Response<ProxyBody>, std::convert::Infallible> {
+    let t0 = Instant::now();
+    if let Some(router) = &state.stats {
+        let p = req.uri().path();
+        if p == "/stats" || p.starts_with("/stats/") {
+            return Ok(crate::proxy::stats_response(router.clone(), req).await);
+        }
+    }
+    Ok(forward(&state, req, remote, t0).await)
+}
+
+async fn forward(
+    state: &Arc<ProxyState>,
+    req: Request<Incoming>,
+    remote: SocketAddr,
+    t0: Instant,
+) -> Response<ProxyBody> {
+    let cfg = &state.config;
+    let (mut parts, body) = req.into_parts();
+    let split = identity::split_user_prefix(parts.uri.path());
+    let path_user = split.user.map(str::to_string);
+    let fwd_path = split.path.to_string();
+    let metered = cfg.metering && is_generation_path(&fwd_path);
+    let clues = |body_user: Option<&str>, headers: &http::HeaderMap| {
+        identity::identify(
+            &cfg.users,
+            &Clues {
+                path_user: path_user.as_deref(),
+                headers,
+                body_user,
+                client_ip: remote.ip(),
+            },
+        )
+    };
+    let (user, user_source) = clues(None, &parts.headers);
+    let mut meta = RequestMeta {
+        user: user.into(),
+        user_source,
+        model: None,
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_string(),
+        stream: None,
+        n: None,
+        bytes_in: 0,
+    };
+    let mut tracker = Tracker::start(state.trackers.clone(), t0, clone_meta(&meta), metered);
+
+    if cfg.users.require_known_key {
+        let known = identity::bearer_key(&parts.headers)
+            .and_then(|k| identity::known_key_name(&cfg.users, k));
+        if known.is_none() {
+            return reject(
+                tracker,
+                ProxyError::unauthorized(),
+                "missing or unknown API key",
+            );
+        }
+    }
+
+    let body = match read_body(body, &parts.headers, cfg).await {
+        Ok(b) => b,
+        Err((e, why)) => return reject(tracker, e, why),
+    };
+    meta.bytes_in = body.len() as u64;
+
+    let mut upstream_body = body.clone();
+    let mut strip_usage = false;
+    if is_generation_path(&fwd_path) {
+        let info = RequestInfo::parse(&body);
+        let (user, source) = clues(info.user.as_deref(), &parts.headers);
+        meta.user = user.into();
+        meta.user_source = source;
+        meta.model = info.model.as_deref().map(Arc::from);
+        meta.stream = info.stream;
+        meta.n = info.n;
+        if metered && cfg.inject_stream_usage && info.wants_injection() {
+            if let Some(b) = inject_include_usage(&body, &info) {
+                upstream_body = b;
+                strip_usage = true;
+            }
+        }
+    }
+    tracker.admit(meta);
+
+    let uri = match upstream_uri(state, &fwd_path, parts.uri.query()) {
+        Ok(u) => u,
+        Err(_) => {
+            return reject(
+                tracker,
+                ProxyError::bad_request("The request path is not valid."),
+                "invalid path",
+            )
+        }
+    };
+    let headers = &mut parts.headers;
+    strip_hop_by_hop(headers);
+    headers.remove(header::EXPECT);
+    headers.remove(header::CONTENT_LENGTH);
+    if let Ok(name) = http::HeaderName::from_bytes(cfg.users.header.as_bytes()) {
+        headers.remove(name);
+    }
+    headers.insert(header::HOST, state.upstream_host.clone());
+    if let Some(key) = &cfg.users.upstream_api_key {
+        if let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", key.0)) {
+            headers.insert(header::AUTHORIZATION, v);
+        }
+    }
+    let mut up = Request::new(Full::new(upstream_body));
+    *up.method_mut() = parts.method;
+    *up.uri_mut() = uri;
+    *up.headers_mut() = std::mem::take(&mut parts.headers);
+
+    let headers_timeout = std::time::Duration::from_millis(cfg.timeouts.upstream_headers_ms);
+    let resp = match tokio::time::timeout(headers_timeout, state.client.request(up)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            let (err, outcome, why) = classify_client_error(&e);
+            return respond_error(tracker, err, outcome, why);
+        }
+        Err(_) => {
+            return respond_error(
+                tracker,
+                ProxyError::gateway_timeout("no response headers"),
+                Outcome::Timeout,
+                "upstream response headers timeout",
+            )
+        }
+    };
+
+    let (mut rparts, rbody) = resp.into_parts();
+    strip_hop_by_hop(&mut rparts.headers);
+    tracker.set_status(rparts.status.as_u16());
+    let is_sse = content_type_starts(&rparts.headers, "text/event-stream");
+    let reading = if !metered {
+        Reading::Opaque
+    } else if is_sse {
+        if strip_usage {
+            rparts.headers.remove(header::CONTENT_LENGTH);
+        }
+        Reading::Sse {
+            scanner: SseScanner::new(cfg.max_sse_event_bytes),
+            strip_usage,
+            held: Default::default(),
+            max_held: cfg.max_sse_event_bytes,
+        }
+    } else if content_type_starts(&rparts.headers, "application/json") {
+        Reading::Json {
+            copy: Vec::new(),
+            limit: cfg.max_response_scan_bytes,
+            overflow: false,
+        }
+    } else {
+        Reading::Opaque
+    };
+    let idle = std::time::Duration::from_millis(cfg.timeouts.body_idle_ms);
+    Response::from_parts(
+        rparts,
+        ProxyBody::Metered(MeteredBody::new(rbody, tracker, reading, idle)),
+    )
+}
+
+fn clone_meta(m: &RequestMeta) -> RequestMeta {
+    RequestMeta {
+        user: m.user.clone(),
+        user_source: m.user_source,
+        model: m.model.clone(),
+        method: m.method.clone(),
+        path: m.path.clone(),
+        stream: m.stream,
+        n: m.n,
+        bytes_in: m.bytes_in,
+    }
+}
+
+fn content_type_starts(h: &http::HeaderMap, prefix: &str) -> bool {
+    h.get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(prefix))
+}
+
+fn upstream_uri(state: &ProxyState, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
+    let mut s = String::with_capacity(
+        state.upstream_base.len() + path.len() + query.map_or(0, |q| q.len() + 1),
+    );
+    s.push_str(&state.upstream_base);
+    s.push_str(path);
+    if let Some(q) = query {
+        s.push('?');
+        s.push_str(q);
+    }
+    Ok(Uri::try_from(s)?)
+}
+
+/// Reads the whole request body within the size and time limits.
+async fn read_body(
+    body: Incoming,
+    headers: &http::HeaderMap,
+    cfg: &ServeConfig,
+) -> Result<Bytes, (ProxyError, &'static str)> {
+    let limit = cfg.max_request_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err((ProxyError::too_large(limit), "request body over the limit"));
+    }
+    let timeout = std::time::Duration::from_millis(cfg.timeouts.request_body_ms);
+    let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
+    match tokio::time::timeout(timeout, limited.collect()).await {
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            Err((ProxyError::too_large(limit), "request body over the limit"))
+        }
+        Ok(Err(_)) => Err((
+            ProxyError::bad_request("The request body could not be read."),
+            "request body unreadable",
+        )),
+        Err(_) => Err((ProxyError::body_timeout(), "request body timeout")),
+    }
+}
+
+/// Maps a client error to the answer, the outcome and a secret-free reason.
+fn classify_client_error(
+    e: &hyper_util::client::legacy::Error,
+) -> (ProxyError, Outcome, &'static str) {
+    if e.is_connect() {
+        let cause = io_kind(e).map(|k| match k {
+            std::io::ErrorKind::ConnectionRefused => "connection refused",
+            std::io::ErrorKind::TimedOut => "connect timeout",
+            _ => "cannot connect",
+        });
+        let why = cause.unwrap_or("cannot connect");
+        let why = if format!("{e:?}").contains("timed out") || format!("{e:?}").contains("Timeout")
+        {
+            "connect timeout"
+        } else {
+            why
+        };
+        return (ProxyError::bad_gateway(why), Outcome::ProxyError, why);
+    }
+    let why = "upstream closed the connection before answering";
+    (ProxyError::bad_gateway(why), Outcome::UpstreamAborted, why)
+}
+
+fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        cur = err.source();
+    }
+    None
+}
+
+fn reject(tracker: Tracker, err: ProxyError, why: &str) -> Response<ProxyBody> {
+    respond_error(tracker, err, Outcome::ProxyError, why)
+}
+
+fn respond_error(
+    mut tracker: Tracker,
+    err: ProxyError,
+    outcome: Outcome,
+    why: &str,
+) -> Response<ProxyBody> {
+    tracker.set_status(err.status.as_u16());
+    let body = err.body();
+    tracker.on_sent(body.len());
+    tracker.finish(outcome, Some(why), Instant::now());
+    let mut r = Response::new(ProxyBody::Full(Some(body)));
+    *r.status_mut() = err.status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if err.status == StatusCode::PAYLOAD_TOO_LARGE || err.status == StatusCode::REQUEST_TIMEOUT {
+        // The unread body may still be arriving: do not try to reuse this connection.
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    r
+}

@@ -1,0 +1,250 @@
+//! Who sent a request, from the configured sources in order; raw keys never leave this module.
+
+use std::net::IpAddr;
+
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+
+use crate::config::UsersConfig;
+use crate::record::UserSource;
+
+/// The longest user name kept; longer names are cut.
+const MAX_USER_LEN: usize = 64;
+
+/// A request's path with any `/u/<name>` prefix split off.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PathUser<'a> {
+    /// The name from the prefix, when there was a valid one.
+    pub user: Option<&'a str>,
+    /// The path to forward (prefix removed).
+    pub path: &'a str,
+}
+
+/// Splits `/u/<name>/rest` into `name` and `/rest`; other paths are returned whole.
+pub fn split_user_prefix(path: &str) -> PathUser<'_> {
+    if let Some(rest) = path.strip_prefix("/u/") {
+        let (name, tail) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        if !name.is_empty() && name.len() <= MAX_USER_LEN && name.bytes().all(is_name_byte) {
+            return PathUser {
+                user: Some(name),
+                path: tail,
+            };
+        }
+    }
+    PathUser { user: None, path }
+}
+
+fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@' | b'+')
+}
+
+/// Makes a client-supplied name safe to log: printable ASCII-ish, bounded length.
+fn clean(name: &str) -> Option<String> {
+    let name = name.trim();
+    if name.is_empty() {
+        return None;
+    }
+    let cleaned: String = name
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_USER_LEN)
+        .collect();
+    (!cleaned.is_empty()).then_some(cleaned)
+}
+
+/// The bearer key of a request, if any.
+pub fn bearer_key(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, key) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| key.trim())
+        .filter(|k| !k.is_empty())
+}
+
+/// The pseudonym of a key: `key-` and the first 8 hex digits of its SHA-256.
+pub fn key_pseudonym(key: &str) -> String {
+    let digest = Sha256::digest(key.as_bytes());
+    format!(
+        "key-{:02x}{:02x}{:02x}{:02x}",
+        digest[0], digest[1], digest[2], digest[3]
+    )
+}
+
+/// The configured name of `key`, comparing in constant time per entry.
+pub fn known_key_name<'c>(config: &'c UsersConfig, key: &str) -> Option<&'c str> {
+    let hex = {
+        let d = Sha256::digest(key.as_bytes());
+        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let mut found = None;
+    for (name, secret) in &config.api_keys {
+        let expected = &secret.0;
+        let matches = match expected.strip_prefix("sha256:") {
+            Some(h) => constant_time_eq(h.to_ascii_lowercase().as_bytes(), hex.as_bytes()),
+            None => constant_time_eq(expected.as_bytes(), key.as_bytes()),
+        };
+        if matches && found.is_none() {
+            found = Some(name.as_str());
+        }
+    }
+    found
+}
+
+/// Compares without an early exit, so timing does not reveal how much of a key matched.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Everything identification looks at.
+pub struct Clues<'a> {
+    /// Name from a `/u/<name>` prefix.
+    pub path_user: Option<&'a str>,
+    /// Request headers.
+    pub headers: &'a HeaderMap,
+    /// The body's `user` field.
+    pub body_user: Option<&'a str>,
+    /// The client's address.
+    pub client_ip: IpAddr,
+}
+
+/// Picks the user by the configured order; the client IP always answers last.
+pub fn identify(config: &UsersConfig, clues: &Clues<'_>) -> (String, UserSource) {
+    let key = bearer_key(clues.headers);
+    for source in &config.order {
+        let name = match source {
+            UserSource::Path => clues.path_user.and_then(clean),
+            UserSource::Header => clues
+                .headers
+                .get(config.header.as_str())
+                .and_then(|v| v.to_str().ok())
+                .and_then(clean),
+            UserSource::KeyMap => key
+                .and_then(|k| known_key_name(config, k))
+                .map(str::to_string),
+            UserSource::Body => clues.body_user.and_then(clean),
+            UserSource::KeyHash => key.map(key_pseudonym),
+            UserSource::Ip => Some(clues.client_ip.to_string()),
+        };
+        if let Some(name) = name {
+            return (name, *source);
+        }
+    }
+    (clues.client_ip.to_string(), UserSource::Ip)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Secret;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn path_prefix_is_split() {
+        assert_eq!(
+            split_user_prefix("/u/alice/v1/models"),
+            PathUser {
+                user: Some("alice"),
+                path: "/v1/models"
+            }
+        );
+        assert_eq!(
+            split_user_prefix("/u/a b/v1"),
+            PathUser {
+                user: None,
+                path: "/u/a b/v1"
+            }
+        );
+        assert_eq!(
+            split_user_prefix("/v1/models"),
+            PathUser {
+                user: None,
+                path: "/v1/models"
+            }
+        );
+    }
+
+    #[test]
+    fn order_decides_and_ip_is_the_fallback() {
+        let mut cfg = UsersConfig::default();
+        cfg.api_keys.insert("bob".into(), Secret("sk-bob".into()));
+        let h = headers(&[
+            ("x-tokenmeter-user", "carol"),
+            ("authorization", "Bearer sk-bob"),
+        ]);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let clues = Clues {
+            path_user: Some("alice"),
+            headers: &h,
+            body_user: Some("dave"),
+            client_ip: ip,
+        };
+        assert_eq!(identify(&cfg, &clues), ("alice".into(), UserSource::Path));
+        let clues = Clues {
+            path_user: None,
+            ..clues
+        };
+        assert_eq!(identify(&cfg, &clues), ("carol".into(), UserSource::Header));
+        let h2 = headers(&[("authorization", "Bearer sk-bob")]);
+        let clues = Clues {
+            path_user: None,
+            headers: &h2,
+            body_user: Some("dave"),
+            client_ip: ip,
+        };
+        assert_eq!(identify(&cfg, &clues), ("bob".into(), UserSource::KeyMap));
+        let h3 = headers(&[("authorization", "Bearer sk-other")]);
+        let clues = Clues {
+            path_user: None,
+            headers: &h3,
+            body_user: Some("dave"),
+            client_ip: ip,
+        };
+        assert_eq!(identify(&cfg, &clues), ("dave".into(), UserSource::Body));
+        let clues = Clues {
+            body_user: None,
+            ..clues
+        };
+        let (name, src) = identify(&cfg, &clues);
+        assert_eq!(src, UserSource::KeyHash);
+        assert_eq!(name, key_pseudonym("sk-other"));
+        assert!(name.starts_with("key-") && name.len() == 12 && !name.contains("sk-"));
+        let empty = HeaderMap::new();
+        let clues = Clues {
+            path_user: None,
+            headers: &empty,
+            body_user: None,
+            client_ip: ip,
+        };
+        assert_eq!(identify(&cfg, &clues), ("10.0.0.1".into(), UserSource::Ip));
+    }
+
+    #[test]
+    fn hashed_keys_match() {
+        let mut cfg = UsersConfig::default();
+        let hex: String = Sha256::digest(b"sk-x")
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        cfg.api_keys
+            .insert("x".into(), Secret(format!("sha256:{hex}")));
+        assert_eq!(known_key_name(&cfg, "sk-x"), Some("x"));
+        assert_eq!(known_key_name(&cfg, "sk-y"), None);
+    }
+}

@@ -1,0 +1,316 @@
+//! `tokenmeter serve`: the listener, connection handling, graceful shutdown.
+
+mod body;
+mod forward;
+mod headers;
+pub mod identity;
+pub mod request;
+mod tracker;
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinSet;
+
+pub use body::BoxError;
+pub use forward::ProxyState;
+pub use headers::strip_hop_by_hop;
+pub use tracker::{InFlight, Observer, RequestMeta, Tracker, TrackerShared};
+
+use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
+use crate::config::{ServeArgs, ServeConfig};
+
+/// The body of every response the proxy sends.
+pub enum ProxyBody {
+    /// The upstream's body, metered on the way.
+    Metered(body::MeteredBody),
+    /// A body the proxy wrote itself.
+    Full(Option<Bytes>),
+    /// A `/stats*` answer.
+    Stats(axum::body::Body),
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ProxyBody::Metered(b) => Pin::new(b).poll_frame(cx),
+            ProxyBody::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
+            ProxyBody::Stats(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map_err(|e| Box::new(e) as BoxError),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Metered(b) => b.is_end_stream(),
+            ProxyBody::Full(b) => b.is_none(),
+            ProxyBody::Stats(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Metered(b) => b.size_hint(),
+            ProxyBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            ProxyBody::Full(None) => SizeHint::with_exact(0),
+            ProxyBody::Stats(b) => b.size_hint(),
+        }
+    }
+}
+
+/// Answers a `/stats*` request with `router`.
+pub(crate) async fn stats_response(
+    router: axum::Router,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
+    use tower::ServiceExt;
+    let req = req.map(axum::body::Body::new);
+    match router.oneshot(req).await {
+        Ok(r) => r.map(ProxyBody::Stats),
+        Err(never) => match never {},
+    }
+}
+
+/// A running proxy.
+pub struct ProxyHandle {
+    addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+    log: Option<Arc<AccessLogWriter>>,
+    state: Arc<ProxyState>,
+    counters: Arc<AccessLogCounters>,
+}
+
+impl ProxyHandle {
+    /// The address the proxy listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The separate stats address, when configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// Generation requests in flight now.
+    pub fn in_flight(&self) -> u64 {
+        self.state.trackers.in_flight.current()
+    }
+
+    /// Access-log counters (written, dropped, failed).
+    pub fn access_log_counters(&self) -> Arc<AccessLogCounters> {
+        self.counters.clone()
+    }
+
+    /// Reopens the access log (as on SIGHUP).
+    pub fn reopen_access_log(&self) {
+        if let Some(l) = &self.log {
+            l.reopen();
+        }
+    }
+
+    /// Stops accepting, lets in-flight requests finish within the grace period, flushes the log.
+    pub async fn shutdown(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+/// Starts a proxy with `config`; `observers` receive measurements beside the access log.
+pub async fn spawn(
+    config: ServeConfig,
+    mut observers: Vec<Arc<dyn Observer>>,
+    stats: Option<axum::Router>,
+) -> anyhow::Result<ProxyHandle> {
+    config.validate()?;
+    let listener = TcpListener::bind(config.listen_addr()?)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let counters = Arc::new(AccessLogCounters::default());
+    let mut log = None;
+    if let Some(path) = &config.access_log {
+        let (sink, writer) = access_log::spawn(path, config.access_log_buffer, counters.clone())
+            .with_context(|| format!("opening access log {}", path.display()))?;
+        observers.push(Arc::new(sink));
+        log = Some(Arc::new(writer));
+    }
+    let upstream = config.upstream_uri()?;
+    let authority = upstream
+        .authority()
+        .context("upstream has no host")?
+        .clone();
+    let base_path = upstream.path().trim_end_matches('/');
+    let upstream_base = format!("http://{authority}{base_path}");
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_millis(config.timeouts.connect_ms)));
+    let client = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_millis(config.timeouts.pool_idle_ms))
+        .pool_timer(TokioTimer::new())
+        .build(connector);
+    let mut admin_addr = None;
+    let mut main_stats = stats.clone();
+    if let (Some(a), Some(router)) = (&config.admin_listen, stats) {
+        let admin = TcpListener::bind(a.parse::<SocketAddr>()?)
+            .await
+            .with_context(|| format!("binding admin {a}"))?;
+        admin_addr = Some(admin.local_addr()?);
+        main_stats = None;
+        tokio::spawn(async move {
+            let _ = axum::serve(admin, router).await;
+        });
+    }
+    let trackers = Arc::new(TrackerShared::new(observers, Duration::from_secs(300)));
+    let state = Arc::new(ProxyState {
+        upstream_host: http::HeaderValue::from_str(authority.as_str())?,
+        upstream_base,
+        client,
+        trackers,
+        stats: main_stats,
+        config,
+    });
+    let (tx, rx) = oneshot::channel();
+    let task = tokio::spawn(accept_loop(listener, state.clone(), rx, log.clone()));
+    Ok(ProxyHandle {
+        addr,
+        admin_addr,
+        shutdown: Some(tx),
+        task,
+        log,
+        state,
+        counters,
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<ProxyState>,
+    mut shutdown: oneshot::Receiver<()>,
+    log: Option<Arc<AccessLogWriter>>,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut conns = JoinSet::new();
+    let cfg = &state.config;
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(cfg.timeouts.head_read_ms))
+        .max_buf_size(cfg.max_header_bytes)
+        .half_close(false)
+        .keep_alive(true);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => {
+                while conns.try_join_next().is_some() {}
+                let (stream, remote) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        // Out of descriptors and the like: back off instead of spinning.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let st = state.clone();
+                let svc = service_fn(move |req| forward::handle(st.clone(), req, remote));
+                let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                let fut = graceful.watch(conn);
+                conns.spawn(async move {
+                    let _ = fut.await;
+                });
+            }
+        }
+    }
+    drop(listener);
+    let grace = Duration::from_secs(state.config.shutdown_grace_s);
+    let in_flight = state.trackers.in_flight.current();
+    tracing::info!(
+        in_flight,
+        grace_s = grace.as_secs(),
+        "shutting down: no new connections; waiting for in-flight requests"
+    );
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            in_flight = state.trackers.in_flight.current(),
+            "grace period over: closing the remaining connections"
+        );
+    }
+    conns.abort_all();
+    while conns.join_next().await.is_some() {}
+    if let Some(log) = log {
+        let counters = log.counters();
+        if let Ok(writer) = Arc::try_unwrap(log) {
+            writer.close().await;
+        }
+        let (written, dropped, failed) = counters.get();
+        tracing::info!(written, dropped, failed, "access log closed");
+    }
+}
+
+/// Runs `tokenmeter serve` until SIGTERM or SIGINT; SIGHUP reopens the access log.
+pub async fn run_cli(args: ServeArgs) -> anyhow::Result<()> {
+    let config = crate::config::load(&args, std::env::vars())?;
+    if args.check_config {
+        println!("config ok\n{config:#?}");
+        return Ok(());
+    }
+    let upstream = config.upstream.clone();
+    let handle = spawn(config, Vec::new(), None).await?;
+    tracing::info!(upstream = %upstream, "listening on {}", handle.addr());
+    if let Some(a) = handle.admin_addr() {
+        tracing::info!("stats listening on {a}");
+    }
+    wait_for_shutdown_signal(|| handle.reopen_access_log()).await;
+    handle.shutdown().await;
+    Ok(())
+}
+
+/// Waits for SIGTERM or SIGINT, calling `on_hup` at every SIGHUP.
+pub async fn wait_for_shutdown_signal(on_hup: impl Fn()) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+            _ = hup.recv() => on_hup(),
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! Per-request measurement state, and the guarantee of exactly one record per request: the
+//! tracker is finished explicitly (end, error, timeout) or, when dropped unfinished, as a client
+//! abort.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::clock::{format_rfc3339_micros, Clock, UnixNanos, NANOS_PER_SEC};
+use crate::openai::{ServerTimings, Summary};
+use crate::record::{
+    DerivedRates, Outcome, RequestRecord, TokensSource, UserSource, RECORD_SCHEMA,
+};
+
+/// Receives what the proxy measures: request starts, streamed tokens, finished records.
+pub trait Observer: Send + Sync + 'static {
+    /// A generation request arrived.
+    fn started(&self, id: u64, now: UnixNanos, user: &Arc<str>, model: Option<&Arc<str>>);
+    /// `completion_tokens` more tokens of request `id` passed the proxy at `now`.
+    fn tokens(&self, id: u64, now: UnixNanos, completion_tokens: u64);
+    /// A request finished (every request, generation or not); `metered` says if it was started.
+    fn finished(&self, now: UnixNanos, record: &Arc<RequestRecord>, metered: bool);
+}
+
+/// Generation requests in flight, and whether the next arrival follows an idle gap (cold start).
+#[derive(Debug)]
+pub struct InFlight {
+    count: AtomicU64,
+    /// When the count last dropped to zero; 0 before any request.
+    idle_since: AtomicU64,
+    cold_after: u64,
+}
+
+impl InFlight {
+    /// A tracker that calls an arrival cold after `cold_start_idle` without traffic.
+    pub fn new(cold_start_idle: Duration) -> Self {
+        InFlight {
+            count: AtomicU64::new(0),
+            idle_since: AtomicU64::new(0),
+            cold_after: cold_start_idle.as_nanos() as u64,
+        }
+    }
+
+    /// Requests in flight now.
+    pub fn current(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Counts an arrival: (requests in flight including it, whether it is a cold start).
+    fn arrive(&self, now: UnixNanos) -> (u32, bool) {
+        let before = self.count.fetch_add(1, Ordering::AcqRel);
+        let cold = before == 0 && {
+            let idle = self.idle_since.load(Ordering::Acquire);
+            idle == 0 || now.saturating_sub(idle) > self.cold_after
+        };
+        ((before + 1).min(u32::MAX as u64) as u32, cold)
+    }
+
+    fn depart(&self, now: UnixNanos) {
+        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle_since.store(now.max(1), Ordering::Release);
+        }
+    }
+}
+
+/// What is shared by all requests of one proxy.
+pub struct TrackerShared {
+    /// Receivers of measurements.
+    pub observers: Vec<Arc<dyn Observer>>,
+    /// In-flight generation requests.
+    pub in_flight: InFlight,
+    next_id: AtomicU64,
+    id_prefix: u32,
+}
+
+impl TrackerShared {
+    /// Shared state feeding `observers`.
+    pub fn new(observers: Vec<Arc<dyn Observer>>, cold_start_idle: Duration) -> Self {
+        let id_prefix = (Clock::global().now() / NANOS_PER_SEC) as u32;
+        TrackerShared {
+            observers,
+            in_flight: InFlight::new(cold_start_idle),
+            next_id: AtomicU64::new(1),
+            id_prefix,
+        }
+    }
+}
+
+/// What is known about a request when it is admitted.
+pub struct RequestMeta {
+    /// Who sent it.
+    pub user: Arc<str>,
+    /// How the user was found.
+    pub user_source: UserSource,
+    /// Requested model.
+    pub model: Option<Arc<str>>,
+    /// HTTP method.
+    pub method: String,
+    /// Path as the client sent it, without the query.
+    pub path: String,
+    /// `stream` from the body.
+    pub stream: Option<bool>,
+    /// `n` from the body.
+    pub n: Option<u32>,
+    /// Request body bytes.
+    pub bytes_in: u64,
+}
+
+/// Measurement state of one request.
+pub struct Tracker {
+    shared: Arc<TrackerShared>,
+    id: u64,
+    t0: Instant,
+    t0_ns: UnixNanos,
+    meta: RequestMeta,
+    metered: bool,
+    announced: bool,
+    cold: bool,
+    in_flight_at_start: u32,
+    status: Option<u16>,
+    first_byte: Option<Instant>,
+    ttft: Option<Instant>,
+    last_content: Option<Instant>,
+    itl_max: Duration,
+    usage_prompt: Option<u64>,
+    usage_completion: Option<u64>,
+    counted: u64,
+    attributed: u64,
+    finish_reason: Option<String>,
+    error_event: bool,
+    server: Option<ServerTimings>,
+    bytes_out: u64,
+    done: bool,
+}
+
+impl Tracker {
+    /// Starts measuring a request whose head was read at `t0`; `metered` (generation) requests
+    /// count in flight from this moment. Observers hear of it at [`admit`](Self::admit).
+    pub fn start(
+        shared: Arc<TrackerShared>,
+        t0: Instant,
+        meta: RequestMeta,
+        metered: bool,
+    ) -> Tracker {
+        let t0_ns = Clock::global().at(t0);
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (in_flight_at_start, cold) = if metered {
+            shared.in_flight.arrive(t0_ns)
+        } else {
+            (0, false)
+        };
+        Tracker {
+            id,
+            t0,
+            t0_ns,
+            metered,
+            announced: false,
+            cold,
+            in_flight_at_start,
+            meta,
+            shared,
+            status: None,
+            first_byte: None,
+            ttft: None,
+            last_content: None,
+            itl_max: Duration::ZERO,
+            usage_prompt: None,
+            usage_completion: None,
+            counted: 0,
+            attributed: 0,
+            finish_reason: None,
+            error_event: false,
+            server: None,
+            bytes_out: 0,
+            done: false,
+        }
+    }
+
+    /// The request was read and will be forwarded: its final identity, and observers hear of it.
+    pub fn admit(&mut self, meta: RequestMeta) {
+        self.meta = meta;
+        if self.metered && !self.announced {
+            self.announced = true;
+            for o in &self.shared.observers {
+                o.started(
+                    self.id,
+                    self.t0_ns,
+                    &self.meta.user,
+                    self.meta.model.as_ref(),
+                );
+            }
+        }
+    }
+
+    /// The request's id as logged.
+    pub fn request_id(&self) -> String {
+        format!("tm-{:08x}-{:08x}", self.shared.id_prefix, self.id)
+    }
+
+    /// Whether this request is metered (a generation request).
+    pub fn metered(&self) -> bool {
+        self.metered
+    }
+
+    /// The status sent to the client.
+    pub fn set_status(&mut self, status: u16) {
+        self.status = Some(status);
+    }
+
+    /// A body frame of `len` bytes arrived from upstream at `now`.
+    #[inline]
+    pub fn on_upstream_bytes(&mut self, now: Instant) {
+        if self.first_byte.is_none() {
+            self.first_byte = Some(now);
+        }
+    }
+
+    /// `len` bytes were handed to the client.
+    #[inline]
+    pub fn on_sent(&mut self, len: usize) {
+        self.bytes_out += len as u64;
+    }
+
+    /// One parsed SSE event (or a whole non-streamed JSON body) passed at `now`.
+    pub fn on_summary(&mut self, s: &Summary<'_>, now: Instant, streamed: bool) {
+        if s.is_error {
+            self.error_event = true;
+        }
+        if s.choices > 0 && self.ttft.is_none() && streamed {
+            self.ttft = Some(now);
+        }
+        if s.content_choices > 0 {
+            self.counted += s.content_choices as u64;
+            if streamed {
+                if let Some(prev) = self.last_content {
+                    self.itl_max = self.itl_max.max(now.saturating_duration_since(prev));
+                }
+                self.last_content = Some(now);
+            }
+        }
+        if self.finish_reason.is_none() {
+            if let Some(r) = &s.finish_reason {
+                self.finish_reason = Some(r.chars().take(32).collect());
+            }
+        }
+        if let Some(t) = s.server_timings {
+            self.server = Some(t);
+        }
+        if let Some(u) = s.usage {
+            if u.prompt_tokens.is_some() {
+                self.usage_prompt = u.prompt_tokens;
+            }
+            if u.completion_tokens.is_some() {
+                self.usage_completion = u.completion_tokens;
+            }
+        }
+        if streamed && self.announced && s.choices > 0 {
+            // Tokens to attribute now: cumulative usage when the upstream sends it on every event
+            // (exact), else one per content-bearing choice; the final usage reconciles at the end.
+            let delta = match s.usage.and_then(|u| u.completion_tokens) {
+                Some(total) => total.saturating_sub(self.attributed),
+                None => s.content_choices as u64,
+            };
+            if delta > 0 {
+                self.attributed += delta;
+                let now_ns = Clock::global().at(now);
+                for o in &self.shared.observers {
+                    o.tokens(self.id, now_ns, delta);
+                }
+            }
+        }
+    }
+
+    /// Ends the request with `outcome` at `now`; later calls do nothing.
+    pub fn finish(&mut self, outcome: Outcome, error: Option<&str>, now: Instant) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let now_ns = Clock::global().at(now);
+        if self.metered {
+            self.shared.in_flight.depart(now_ns);
+        }
+        let outcome = match outcome {
+            Outcome::Ok if self.error_event || self.status.is_some_and(|s| s >= 400) => {
+                Outcome::UpstreamError
+            }
+            o => o,
+        };
+        let record = Arc::new(self.record(outcome, error, now));
+        for o in &self.shared.observers {
+            o.finished(now_ns, &record, self.announced);
+        }
+    }
+
+    fn ms(&self, t: Option<Instant>) -> Option<f64> {
+        t.map(|t| t.saturating_duration_since(self.t0).as_secs_f64() * 1e3)
+    }
+
+    fn record(&self, outcome: Outcome, error: Option<&str>, now: Instant) -> RequestRecord {
+        let (completion, source) = match (self.usage_completion, self.counted) {
+            (Some(c), _) => (Some(c), TokensSource::Usage),
+            (None, n) if n > 0 => (Some(n), TokensSource::Counted),
+            _ => (None, TokensSource::None),
+        };
+        let e2e_ms = Some(now.saturating_duration_since(self.t0).as_secs_f64() * 1e3);
+        let ttft_ms = self.ms(self.ttft);
+        let rates = DerivedRates::compute(ttft_ms, e2e_ms, completion);
+        let itl = (self.last_content.is_some() && self.itl_max > Duration::ZERO)
+            .then(|| self.itl_max.as_secs_f64() * 1e3);
+        RequestRecord {
+            kind: "request".into(),
+            schema: RECORD_SCHEMA,
+            ts: format_rfc3339_micros(self.t0_ns),
+            ts_ns: self.t0_ns,
+            request_id: self.request_id(),
+            user: self.meta.user.to_string(),
+            user_source: self.meta.user_source,
+            model: self.meta.model.as_deref().map(str::to_string),
+            method: self.meta.method.clone(),
+            path: self.meta.path.clone(),
+            status: self.status,
+            stream: self.meta.stream,
+            outcome,
+            prompt_tokens: self.usage_prompt,
+            completion_tokens: completion,
+            tokens_source: source,
+            n: self.meta.n,
+            first_byte_ms: self.ms(self.first_byte),
+            ttft_ms,
+            e2e_ms,
+            tpot_ms: rates.tpot_ms,
+            itl_max_ms: itl,
+            tok_s: rates.tok_s,
+            decode_tok_s: rates.decode_tok_s,
+            in_flight_at_start: self.in_flight_at_start,
+            cold_start: self.cold,
+            finish_reason: self.finish_reason.clone(),
+            bytes_in: self.meta.bytes_in,
+            bytes_out: self.bytes_out,
+            error: error.map(str::to_string),
+            server_queue_ms: self.server.and_then(|s| s.queue_time_ms),
+            server_ttft_ms: self.server.and_then(|s| s.time_to_first_token_ms),
+            server_mean_itl_ms: self.server.and_then(|s| s.mean_itl_ms),
+        }
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        if !self.done {
+            self.finish(
+                Outcome::ClientAborted,
+                Some("client disconnected"),
+                Instant::now(),
+            );
+        }
+    }
+}
