@@ -1,0 +1,125 @@
+//! Order-independent per-second accumulators for replaying a log, stored sparsely in chunks so
+//! memory follows the number of active seconds, whatever the timestamps.
+
+use std::collections::BTreeMap;
+
+use crate::clock::{UnixNanos, NANOS_PER_SEC};
+
+/// Seconds per storage chunk (a power of two, so the chunk of a second is a shift away).
+const CHUNK_SECS: u64 = 256;
+
+/// What the records contributed to one second; every field is a sum, so records may arrive in any
+/// order and partial accumulators merge by addition.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SecondAcc {
+    /// Completion tokens attributed to this second.
+    pub gen_tokens: f64,
+    /// Prompt tokens attributed to this second.
+    pub prompt_tokens: f64,
+    /// Requests whose arrival falls in this second.
+    pub requests_started: u32,
+    /// Requests whose end falls in this second.
+    pub requests_finished: u32,
+    /// Finished requests whose outcome counts as an error.
+    pub errors: u32,
+    /// Level changes (+1 start, -1 end) exactly at this second's first instant: they set the
+    /// level carried into the second rather than happening inside it.
+    pub boundary_delta: i64,
+    /// Starts strictly inside the second.
+    pub inside_starts: u32,
+    /// Ends strictly inside the second.
+    pub inside_ends: u32,
+    /// Sum over inside events of delta x (second end - event time), level x ns: what the events
+    /// add to the area of this second on top of the carried-in level x 1 s.
+    pub area_delta_ns: i64,
+}
+
+impl SecondAcc {
+    /// Adds every field of `other`.
+    pub fn merge(&mut self, other: &SecondAcc) {
+        self.gen_tokens += other.gen_tokens;
+        self.prompt_tokens += other.prompt_tokens;
+        self.requests_started += other.requests_started;
+        self.requests_finished += other.requests_finished;
+        self.errors += other.errors;
+        self.boundary_delta += other.boundary_delta;
+        self.inside_starts += other.inside_starts;
+        self.inside_ends += other.inside_ends;
+        self.area_delta_ns += other.area_delta_ns;
+    }
+
+    /// Whether nothing was ever added (an idle second, unless a level is carried through it).
+    pub fn is_empty(&self) -> bool {
+        *self == SecondAcc::default()
+    }
+
+    /// Records a level change of `delta` at `t`, which lies in this second.
+    pub fn level_event(&mut self, t: UnixNanos, delta: i64) {
+        let into = t % NANOS_PER_SEC;
+        if into == 0 {
+            self.boundary_delta += delta;
+            return;
+        }
+        if delta > 0 {
+            self.inside_starts += 1;
+        } else {
+            self.inside_ends += 1;
+        }
+        self.area_delta_ns += delta * (NANOS_PER_SEC - into) as i64;
+    }
+}
+
+type Chunk = Box<[SecondAcc; CHUNK_SECS as usize]>;
+
+/// Sparse map from Unix second to [`SecondAcc`], in chunks of [`CHUNK_SECS`] seconds.
+#[derive(Debug, Clone, Default)]
+pub struct SecondStore {
+    chunks: BTreeMap<u64, Chunk>,
+}
+
+impl SecondStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        SecondStore::default()
+    }
+
+    /// The accumulator of second `sec`, created (zeroed) when absent.
+    pub fn at(&mut self, sec: u64) -> &mut SecondAcc {
+        let chunk = self
+            .chunks
+            .entry(sec / CHUNK_SECS)
+            .or_insert_with(|| Box::new([SecondAcc::default(); CHUNK_SECS as usize]));
+        &mut chunk[(sec % CHUNK_SECS) as usize]
+    }
+
+    /// Adds everything in `other` into `self`.
+    pub fn merge(&mut self, other: SecondStore) {
+        for (key, chunk) in other.chunks {
+            match self.chunks.get_mut(&key) {
+                Some(mine) => mine
+                    .iter_mut()
+                    .zip(chunk.iter())
+                    .for_each(|(a, b)| a.merge(b)),
+                None => {
+                    self.chunks.insert(key, chunk);
+                }
+            }
+        }
+    }
+
+    /// Every non-empty second in ascending order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &SecondAcc)> + '_ {
+        self.chunks.iter().flat_map(|(&key, chunk)| {
+            chunk
+                .iter()
+                .enumerate()
+                .filter(|(_, acc)| !acc.is_empty())
+                .map(move |(i, acc)| (key * CHUNK_SECS + i as u64, acc))
+        })
+    }
+
+    /// Heap bytes held by the chunks (for memory accounting).
+    pub fn heap_bytes(&self) -> usize {
+        self.chunks.len() * std::mem::size_of::<[SecondAcc; CHUNK_SECS as usize]>()
+    }
+}
