@@ -149,13 +149,23 @@ fn filters_select_by_time_user_and_model() {
 }
 
 #[test]
-fn spooled_input_reads_like_a_file() {
+fn stdin_is_read_once_plain_or_gzip() {
     let bytes = lines_of(&synth::steady_phases());
-    let src = tokenmeter::analyze::input::Source::spool(&mut &bytes[..], "-").unwrap();
-    let spool_path = src.path.clone();
-    let r = tokenmeter::analyze::analyze_sources(std::slice::from_ref(&src), &AnalyzeOptions::default()).unwrap();
-    assert_eq!(r.inputs.files, ["-"]);
-    assert_eq!(r.capacity.len(), 3);
-    drop(src);
-    assert!(!spool_path.exists(), "the spool file is removed");
+    let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&bytes).unwrap();
+    for input in [bytes.clone(), gz.finish().unwrap()] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+            .args(["analyze", "--json", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(&input).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["inputs"]["files"][0], "-");
+        assert_eq!(v["summary"]["requests"], 36);
+        assert_eq!(v["capacity"][2]["gen_tok_s"]["mean"], 350.0);
+    }
 }

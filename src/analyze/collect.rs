@@ -1,6 +1,7 @@
-//! The two passes over the inputs. Pass 1 accumulates everything that is order-independent and
-//! bounded by seconds, levels and users; pass 2 needs the finished timeline (each request's mean
-//! in-flight level) and only keeps per-level min/max tok/s.
+//! What the passes accumulate. Pass 1 (one accumulator per worker, merged) keeps everything that
+//! is order-independent and bounded by seconds, levels and users, and spills 28 bytes per request
+//! for pass 2; pass 2 reads the spill against the finished timeline (each request's mean in-flight
+//! level) and keeps only per-level min/max tok/s.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -11,8 +12,9 @@ use crate::meter::timeline::RateStats;
 use crate::record::{Outcome, RequestRecord};
 
 use super::filter::Filter;
-use super::input::{Line, LineReader, Source};
+use super::input::TOO_LONG_PLACEHOLDER;
 use super::parse::{parse_line, scratch_record, BadReason, LeanRecord, Parsed};
+use super::spill::{Spill, SpillEntry};
 
 /// How many bad-line positions the report names.
 pub const BAD_POSITIONS: usize = 5;
@@ -107,6 +109,8 @@ pub struct Pass1 {
     /// All cold starts among selected generation requests.
     pub cold_start_count: u64,
     scratch: RequestRecord,
+    spill: Option<Spill>,
+    spills: Vec<Spill>,
 }
 
 impl Default for Pass1 {
@@ -127,12 +131,14 @@ impl Default for Pass1 {
             cold_starts: Vec::new(),
             cold_start_count: 0,
             scratch: scratch_record(),
+            spill: None,
+            spills: Vec::new(),
         }
     }
 }
 
 impl Pass1 {
-    fn add(&mut self, r: &LeanRecord<'_>) {
+    fn add(&mut self, r: &LeanRecord<'_>) -> std::io::Result<()> {
         let outcome_idx = Outcome::ALL.iter().position(|o| *o == r.outcome).unwrap_or(0);
         self.by_outcome[outcome_idx] += 1;
         self.prompt_tokens += r.prompt_tokens.unwrap_or(0);
@@ -155,7 +161,7 @@ impl Pass1 {
             },
         }
         if !r.generation {
-            return;
+            return Ok(());
         }
         self.generation_requests += 1;
         user.generation_requests += 1;
@@ -187,92 +193,127 @@ impl Pass1 {
         }
         r.fill(&mut self.scratch);
         self.replay.add(&self.scratch);
+        if let (Some(tok_s), Some(spill)) = (r.tok_s, self.spill.as_mut()) {
+            spill.push(&SpillEntry {
+                start: r.ts_ns,
+                end,
+                tok_s,
+                in_flight_at_start: r.in_flight_at_start,
+            })?;
+        }
+        Ok(())
     }
 }
 
 /// Per-level min and max of `tok_s`, from pass 2.
 pub type LevelTokS = BTreeMap<u32, (f64, f64)>;
 
-/// Reads every line of every source, calling `visit(source index, line number, parsed)` for the
-/// selected request lines and counting the rest.
-fn each_line(
-    sources: &[Source],
-    filter: &Filter,
-    counts: &mut LineCounts,
-    visit: &mut dyn FnMut(&LeanRecord<'_>),
-) {
-    for (idx, source) in sources.iter().enumerate() {
-        let reader = match source.reader() {
-            Ok(r) => r,
-            Err(e) => {
-                counts.read_errors.push((idx, e.to_string()));
-                continue;
-            }
+impl Pass1 {
+    /// An empty accumulator with its own spill file.
+    pub fn new() -> std::io::Result<Pass1> {
+        Ok(Pass1 { spill: Some(Spill::create()?), ..Pass1::default() })
+    }
+
+    /// Counts and, when selected, accumulates one line of source `source`.
+    pub fn line(&mut self, source: usize, line_no: u64, line: &[u8], filter: &Filter) -> std::io::Result<()> {
+        self.counts.lines += 1;
+        let parsed = if line == TOO_LONG_PLACEHOLDER {
+            Parsed::Bad(BadReason::TooLong)
+        } else {
+            parse_line(line)
         };
-        let mut lines = LineReader::new(reader);
-        loop {
-            let (line_no, line) = match lines.next_line() {
-                Ok(Some(l)) => l,
-                Ok(None) => break,
-                Err(e) => {
-                    counts.read_errors.push((idx, e.to_string()));
-                    break;
+        match parsed {
+            Parsed::Request(r) => {
+                self.counts.request_lines += 1;
+                if filter.keeps(&r) {
+                    self.add(&r)?;
+                } else {
+                    self.counts.filtered_out += 1;
                 }
-            };
-            counts.lines += 1;
-            let parsed = match line {
-                Line::Text(t) => parse_line(t),
-                Line::TooLong => Parsed::Bad(BadReason::TooLong),
-            };
-            match parsed {
-                Parsed::Request(r) => {
-                    counts.request_lines += 1;
-                    if filter.keeps(&r) {
-                        visit(&r);
-                    } else {
-                        counts.filtered_out += 1;
-                    }
-                }
-                Parsed::Other => counts.other_lines += 1,
-                Parsed::Blank => {}
-                Parsed::Bad(reason) => {
-                    *counts.bad.entry(reason).or_default() += 1;
-                    if counts.bad_first.len() < BAD_POSITIONS {
-                        counts.bad_first.push((idx, line_no));
-                    }
+            }
+            Parsed::Other => self.counts.other_lines += 1,
+            Parsed::Blank => {}
+            Parsed::Bad(reason) => {
+                *self.counts.bad.entry(reason).or_default() += 1;
+                // Chunks of one worker arrive in reading order, so its first five are its earliest.
+                if self.counts.bad_first.len() < BAD_POSITIONS {
+                    self.counts.bad_first.push((source, line_no));
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Adds everything `other` accumulated (spill files are kept, each read in pass 2).
+    pub fn merge(&mut self, mut other: Pass1) {
+        let (c, o) = (&mut self.counts, &mut other.counts);
+        c.lines += o.lines;
+        c.request_lines += o.request_lines;
+        c.other_lines += o.other_lines;
+        c.filtered_out += o.filtered_out;
+        for (k, v) in &o.bad {
+            *c.bad.entry(*k).or_default() += v;
+        }
+        c.bad_first.append(&mut o.bad_first);
+        c.bad_first.sort_unstable();
+        c.bad_first.truncate(BAD_POSITIONS);
+        c.read_errors.append(&mut o.read_errors);
+        for (a, b) in self.by_outcome.iter_mut().zip(other.by_outcome) {
+            *a += b;
+        }
+        self.generation_requests += other.generation_requests;
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.first_arrival = min_opt(self.first_arrival, other.first_arrival, u64::min);
+        self.last_end = min_opt(self.last_end, other.last_end, u64::max);
+        for (name, u) in other.users {
+            let mine = self.users.entry(name).or_default();
+            mine.requests += u.requests;
+            mine.generation_requests += u.generation_requests;
+            mine.completion_tokens += u.completion_tokens;
+            mine.tok_s.merge(&u.tok_s);
+            mine.ttft_ms.merge(&u.ttft_ms);
+        }
+        for (m, n) in other.models {
+            *self.models.entry(m).or_default() += n;
+        }
+        self.no_model += other.no_model;
+        self.replay.merge(std::mem::take(&mut other.replay));
+        for (n, a) in other.arrivals {
+            let mine = self.arrivals.entry(n).or_default();
+            mine.requests += a.requests;
+            mine.ttft_ms.merge(&a.ttft_ms);
+        }
+        self.cold_starts.append(&mut other.cold_starts);
+        self.cold_starts.sort_by_key(|c| c.ts_ns);
+        self.cold_starts.truncate(COLD_STARTS_LISTED);
+        self.cold_start_count += other.cold_start_count;
+        self.spills.extend(other.spill.take());
+        self.spills.append(&mut other.spills);
+    }
+
+    /// Pass 2: each spilled request's `tok_s` filed under its rounded mean level.
+    pub fn pass2(&mut self, timeline: &ReplayTimeline) -> std::io::Result<LevelTokS> {
+        let mut out = LevelTokS::new();
+        self.spills.extend(self.spill.take());
+        for spill in &mut self.spills {
+            spill.for_each(|e| {
+                let mean = timeline.request_mean_level(e.start, e.end, e.in_flight_at_start);
+                let level = mean.round() as u32;
+                if level > 0 {
+                    let slot = out.entry(level).or_insert((e.tok_s, e.tok_s));
+                    slot.0 = slot.0.min(e.tok_s);
+                    slot.1 = slot.1.max(e.tok_s);
+                }
+            })?;
+        }
+        Ok(out)
     }
 }
 
-/// Pass 1 over all sources.
-pub fn pass1(sources: &[Source], filter: &Filter) -> Pass1 {
-    let mut p = Pass1::default();
-    let mut counts = LineCounts::default();
-    each_line(sources, filter, &mut counts, &mut |r| p.add(r));
-    p.counts = counts;
-    p.cold_starts.sort_by_key(|c| c.ts_ns);
-    p.cold_starts.truncate(COLD_STARTS_LISTED);
-    p
-}
-
-/// Pass 2: each selected generation request's `tok_s` filed under its rounded mean level.
-pub fn pass2(sources: &[Source], filter: &Filter, timeline: &ReplayTimeline) -> LevelTokS {
-    let mut out = LevelTokS::new();
-    let mut counts = LineCounts::default();
-    each_line(sources, filter, &mut counts, &mut |r| {
-        let Some(v) = r.tok_s.filter(|_| r.generation) else {
-            return;
-        };
-        let mean = timeline.request_mean_level(r.ts_ns, r.end_ns(), r.in_flight_at_start);
-        let level = mean.round() as u32;
-        if level == 0 {
-            return;
-        }
-        let e = out.entry(level).or_insert((v, v));
-        e.0 = e.0.min(v);
-        e.1 = e.1.max(v);
-    });
-    out
+fn min_opt(a: Option<u64>, b: Option<u64>, pick: fn(u64, u64) -> u64) -> Option<u64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(pick(x, y)),
+        (x, y) => x.or(y),
+    }
 }

@@ -1,18 +1,21 @@
 //! `tokenmeter analyze FILE...`: the capacity report of one or more access logs.
 //!
-//! Two streaming passes over the inputs (stdin is spooled to a temporary file): pass 1 adds every
-//! selected record into order-independent per-second sums ([`crate::meter::replay`]), per-level
-//! and per-user histograms; the sweep turns the sums into the timeline; pass 2 files each request's
-//! tok/s under its mean in-flight level for the curve's per-request min/max. Memory follows the
-//! number of active seconds, levels and users, never the number of lines.
+//! Pass 1 parses every input once, in parallel chunks, adding each selected record into
+//! order-independent per-second sums ([`crate::meter::replay`]), per-level and per-user
+//! histograms, and spilling 28 bytes per generation request to a temporary file ([`spill`]). The
+//! sweep turns the sums into the timeline; pass 2 reads the spill and files each request's tok/s
+//! under its mean in-flight level for the curve's per-request min/max. Memory follows the number
+//! of active seconds, levels and users, never the number of lines (the spill is on disk).
 
 mod build;
 mod collect;
+mod drive;
 pub mod filter;
 mod html;
 pub mod input;
 pub mod parse;
 pub mod report;
+pub mod spill;
 pub mod svg;
 pub mod synth;
 pub mod tables;
@@ -112,19 +115,16 @@ impl AnalyzeOptions {
 
 /// Analyses the inputs (paths, `-` for stdin) into a report.
 pub fn analyze(inputs: &[PathBuf], opts: &AnalyzeOptions) -> anyhow::Result<Report> {
-    let sources = inputs
-        .iter()
-        .map(|p| input::Source::open_arg(p))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let sources: Vec<input::Source> = inputs.iter().map(|p| input::Source::open_arg(p)).collect();
     analyze_sources(&sources, opts)
 }
 
 /// Analyses already opened sources.
 pub fn analyze_sources(sources: &[input::Source], opts: &AnalyzeOptions) -> anyhow::Result<Report> {
-    let mut p1 = collect::pass1(sources, &opts.filter);
+    let mut p1 = drive::pass1(sources, &opts.filter)?;
     let replay = std::mem::take(&mut p1.replay);
     let timeline: ReplayTimeline = replay.finish();
-    let level_tok_s = collect::pass2(sources, &opts.filter, &timeline);
+    let level_tok_s = p1.pass2(&timeline)?;
     Ok(build::build(sources, p1, &timeline, &level_tok_s, opts))
 }
 
