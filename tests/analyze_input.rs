@@ -61,7 +61,10 @@ fn malformed_lines_are_counted_with_positions_not_fatal() {
         ]
     );
     let name = dir.path("bad.jsonl").display().to_string();
-    let want: Vec<String> = [4, 5, 6, 7, 10].iter().map(|l| format!("{name}:{l}")).collect();
+    let want: Vec<String> = [4, 5, 6, 7, 10]
+        .iter()
+        .map(|l| format!("{name}:{l}"))
+        .collect();
     assert_eq!(i.bad_positions, want);
     assert_eq!(r.summary.bad_lines, 7);
     assert_eq!(r.summary.requests, 3);
@@ -88,7 +91,9 @@ fn random_bytes_never_crash() {
         }
         let path = write(&dir.path("fuzz.jsonl"), &data);
         let r = analyze(&[path], &AnalyzeOptions::default()).unwrap();
-        assert!(r.inputs.request_lines + r.inputs.bad_lines + r.inputs.other_lines <= r.inputs.lines);
+        assert!(
+            r.inputs.request_lines + r.inputs.bad_lines + r.inputs.other_lines <= r.inputs.lines
+        );
         let _ = tokenmeter::analyze::tables::render(&r);
         let _ = tokenmeter::analyze::svg::all(&r);
     }
@@ -107,7 +112,10 @@ fn gzip_and_shuffled_split_files_give_the_same_report() {
     gz.write_all(&lines_of(a)).unwrap();
     // No .gz suffix: detected by the magic bytes.
     let second = write(&dir.path("part-a.log"), &gz.finish().unwrap());
-    let opts = AnalyzeOptions { per_second: true, ..AnalyzeOptions::default() };
+    let opts = AnalyzeOptions {
+        per_second: true,
+        ..AnalyzeOptions::default()
+    };
     let whole = analyze(&[one], &opts).unwrap();
     let split = analyze(&[first, second], &opts).unwrap();
     assert_eq!(json(&whole), json(&split));
@@ -122,7 +130,14 @@ fn filters_select_by_time_user_and_model() {
     let dir = TempDir::new("filter");
     let path = write(&dir.path("a.jsonl"), &lines_of(&records));
     let run = |filter: Filter| {
-        analyze(std::slice::from_ref(&path), &AnalyzeOptions { filter, ..AnalyzeOptions::default() }).unwrap()
+        analyze(
+            std::slice::from_ref(&path),
+            &AnalyzeOptions {
+                filter,
+                ..AnalyzeOptions::default()
+            },
+        )
+        .unwrap()
     };
     // The N=4 phase only: arrivals in [120 s, 240 s).
     let r = run(Filter {
@@ -132,17 +147,29 @@ fn filters_select_by_time_user_and_model() {
     });
     assert_eq!(r.summary.requests, 16);
     assert_eq!(r.inputs.filtered_out, 20);
-    assert_eq!(r.capacity.iter().map(|c| c.in_flight).collect::<Vec<_>>(), [4]);
+    assert_eq!(
+        r.capacity.iter().map(|c| c.in_flight).collect::<Vec<_>>(),
+        [4]
+    );
     // One user: lane-0 alone is at N=1 all the time.
-    let r = run(Filter { users: vec!["lane-0".into()], ..Filter::default() });
+    let r = run(Filter {
+        users: vec!["lane-0".into()],
+        ..Filter::default()
+    });
     assert_eq!(r.summary.requests, 4 + 4 + 1);
     assert_eq!(r.summary.users, 1);
     assert_eq!(r.capacity.len(), 1);
     assert_eq!((r.capacity[0].in_flight, r.capacity[0].seconds), (1, 360));
-    let r = run(Filter { models: vec!["other-model".into()], ..Filter::default() });
+    let r = run(Filter {
+        models: vec!["other-model".into()],
+        ..Filter::default()
+    });
     assert_eq!(r.summary.requests, 1);
     assert_eq!(r.summary.models[0].model, "other-model");
-    let r = run(Filter { models: vec!["nope".into()], ..Filter::default() });
+    let r = run(Filter {
+        models: vec!["nope".into()],
+        ..Filter::default()
+    });
     assert_eq!(r.summary.requests, 0);
     assert!(r.capacity.is_empty());
     assert_eq!(r.summary.first_arrival, None);

@@ -19,7 +19,11 @@ fn series_of(svg_text: &str) -> Vec<(String, usize)> {
     doc.descendants()
         .filter(|n| n.attribute("class") == Some("series"))
         .map(|n| {
-            let pts = n.attribute("points").unwrap_or("").split_whitespace().count();
+            let pts = n
+                .attribute("points")
+                .unwrap_or("")
+                .split_whitespace()
+                .count();
             (n.attribute("data-series").unwrap().to_string(), pts)
         })
         .collect()
@@ -33,16 +37,25 @@ fn svgs_parse_and_have_one_series_element_per_line() {
     assert_eq!(names, ["capacity.svg", "ttft.svg", "timeline.svg"]);
     assert_eq!(
         series_of(&plots[0].1),
-        [("aggregate tok/s".into(), 3), ("per-request tok/s".into(), 3)]
+        [
+            ("aggregate tok/s".into(), 3),
+            ("per-request tok/s".into(), 3)
+        ]
     );
-    assert_eq!(series_of(&plots[1].1), [("ttft p50".into(), 16), ("ttft p90".into(), 16)]);
+    assert_eq!(
+        series_of(&plots[1].1),
+        [("ttft p50".into(), 16), ("ttft p90".into(), 16)]
+    );
     assert_eq!(
         series_of(&plots[2].1),
         [("generated tok/s".into(), 360), ("in flight".into(), 360)]
     );
     for (_, text) in &plots {
         let doc = roxmltree::Document::parse(text).unwrap();
-        let ticks = doc.descendants().filter(|n| n.attribute("class") == Some("tick")).count();
+        let ticks = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("tick"))
+            .count();
         assert!(ticks >= 6, "axes have ticks");
         assert!(doc.descendants().filter(|n| n.has_tag_name("text")).count() >= 8);
     }
@@ -64,20 +77,29 @@ fn validate(value: &serde_json::Value) {
     let schema: serde_json::Value =
         serde_json::from_slice(&std::fs::read(schema_path).unwrap()).unwrap();
     let validator = jsonschema::validator_for(&schema).unwrap();
-    let errors: Vec<String> = validator.iter_errors(value).map(|e| format!("{e} at {}", e.instance_path)).collect();
+    let errors: Vec<String> = validator
+        .iter_errors(value)
+        .map(|e| format!("{e} at {}", e.instance_path))
+        .collect();
     assert!(errors.is_empty(), "{errors:#?}");
 }
 
 #[test]
 fn json_report_matches_the_schema() {
-    let opts = AnalyzeOptions { per_second: true, ..AnalyzeOptions::default() };
+    let opts = AnalyzeOptions {
+        per_second: true,
+        ..AnalyzeOptions::default()
+    };
     let r = analyze(&[fixture()], &opts).unwrap();
     let v = serde_json::to_value(&r).unwrap();
     validate(&v);
     assert_eq!(v["capacity"][1]["gen_tok_s"]["mean"], 150.0);
     // The schema is strict enough to catch a renamed field.
     let schema: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schemas/analyze.schema.json")).unwrap(),
+        &std::fs::read(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schemas/analyze.schema.json"),
+        )
+        .unwrap(),
     )
     .unwrap();
     let validator = jsonschema::validator_for(&schema).unwrap();
@@ -91,10 +113,26 @@ fn json_report_matches_the_schema() {
 #[test]
 fn binary_prints_tables_and_writes_json_svg_and_html() {
     let bin = env!("CARGO_BIN_EXE_tokenmeter");
-    let out = Command::new(bin).arg("analyze").arg(fixture()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(bin)
+        .arg("analyze")
+        .arg(fixture())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
-    for needle in ["## Summary", "## Capacity", "| 16 ", "350.0 ± 0.0 tok/s", "## Per user", "## Cold starts (1;", "phases.jsonl:13"] {
+    for needle in [
+        "## Summary",
+        "## Capacity",
+        "| 16 ",
+        "350.0 ± 0.0 tok/s",
+        "## Per user",
+        "## Cold starts (1;",
+        "phases.jsonl:13",
+    ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
     let dir = TempDir::new("cli");
@@ -107,7 +145,11 @@ fn binary_prints_tables_and_writes_json_svg_and_html() {
         .arg(fixture())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     validate(&v);
     assert_eq!(v["summary"]["users"], 1);
@@ -118,8 +160,15 @@ fn binary_prints_tables_and_writes_json_svg_and_html() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert_eq!(page.matches("<svg ").count(), 3);
     assert!(page.contains("<table>") && page.contains("Capacity"));
-    assert!(!page.contains("src=\"http") && !page.contains("href=\"http"), "self-contained");
+    assert!(
+        !page.contains("src=\"http") && !page.contains("href=\"http"),
+        "self-contained"
+    );
     // A missing file or a bad flag is an error exit, not a crash.
-    let out = Command::new(bin).args(["analyze", "--from", "-2x"]).arg(fixture()).output().unwrap();
+    let out = Command::new(bin)
+        .args(["analyze", "--from", "-2x"])
+        .arg(fixture())
+        .output()
+        .unwrap();
     assert!(!out.status.success());
 }

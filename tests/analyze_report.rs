@@ -7,7 +7,10 @@ use tokenmeter::analyze::{analyze, synth, AnalyzeOptions, Report};
 
 fn phases_report() -> Report {
     let dir = TempDir::new("phases");
-    let path = write(&dir.path("access.jsonl"), &lines_of(&synth::steady_phases()));
+    let path = write(
+        &dir.path("access.jsonl"),
+        &lines_of(&synth::steady_phases()),
+    );
     analyze(&[path], &AnalyzeOptions::default()).unwrap()
 }
 
@@ -15,7 +18,10 @@ fn phases_report() -> Report {
 fn capacity_table_reproduces_the_known_rates_exactly() {
     let r = phases_report();
     let rows = &r.capacity;
-    assert_eq!(rows.iter().map(|c| c.in_flight).collect::<Vec<_>>(), [1, 4, 16]);
+    assert_eq!(
+        rows.iter().map(|c| c.in_flight).collect::<Vec<_>>(),
+        [1, 4, 16]
+    );
     let want = [(1u32, 70.0, 70.0), (4, 150.0, 37.5), (16, 350.0, 21.875)];
     for (row, (n, mean, per_req)) in rows.iter().zip(want) {
         assert_eq!(row.seconds, 120, "N={n}");
@@ -82,7 +88,10 @@ fn summary_users_saturation_and_cold_starts() {
     assert_eq!(s.completion_tokens, 4 * 2100 + 16 * 1125 + 16 * 2625);
     assert_eq!(s.prompt_tokens, 36 * 12);
     assert_eq!(s.duration_s, Some(360.0));
-    assert_eq!(s.first_arrival.as_deref(), Some("2026-11-29T18:00:00.000000Z"));
+    assert_eq!(
+        s.first_arrival.as_deref(),
+        Some("2026-11-29T18:00:00.000000Z")
+    );
     assert_eq!(s.last_end.as_deref(), Some("2026-11-29T18:06:00.000000Z"));
     // lane-0 ran the whole N=1 phase, a quarter of N=4 and a 16th of N=16.
     let lane0 = r.users.iter().find(|u| u.user == "lane-0").unwrap();
@@ -103,7 +112,10 @@ fn summary_users_saturation_and_cold_starts() {
     assert_eq!(r.cold_starts.count, 1);
     let c = &r.cold_starts.listed[0];
     assert_eq!(c.ts, "2026-11-29T18:00:00.000000Z");
-    assert_eq!((c.user.as_str(), c.ttft_ms, c.e2e_ms), ("lane-0", Some(5000.0), Some(30000.0)));
+    assert_eq!(
+        (c.user.as_str(), c.ttft_ms, c.e2e_ms),
+        ("lane-0", Some(5000.0), Some(30000.0))
+    );
 }
 
 #[test]
@@ -117,8 +129,12 @@ fn per_second_series_is_opt_in_and_exact() {
     let r = analyze(&[path], &opts).unwrap();
     let ps = r.timeline.per_second.as_ref().unwrap();
     assert_eq!(ps.len(), 360);
-    assert!(ps[..120].iter().all(|s| s.gen_tokens == 70.0 && s.in_flight_mean == 1.0 && s.steady));
-    assert!(ps[240..].iter().all(|s| s.gen_tokens == 350.0 && s.in_flight_min == 16));
+    assert!(ps[..120]
+        .iter()
+        .all(|s| s.gen_tokens == 70.0 && s.in_flight_mean == 1.0 && s.steady));
+    assert!(ps[240..]
+        .iter()
+        .all(|s| s.gen_tokens == 350.0 && s.in_flight_min == 16));
 }
 
 #[test]
@@ -126,7 +142,14 @@ fn a_request_starting_mid_second_breaks_steadiness_only_there() {
     // Two overlapping requests: [0, 10 s] and [3.5 s, 7.5 s]. Seconds 3 and 7 are not steady.
     let mut recs = vec![
         synth::record(synth::T0, 10_000.0, Some(50.0), 100, true, "a"),
-        synth::record(synth::T0 + 3_500_000_000, 4_000.0, Some(50.0), 40, true, "b"),
+        synth::record(
+            synth::T0 + 3_500_000_000,
+            4_000.0,
+            Some(50.0),
+            40,
+            true,
+            "b",
+        ),
     ];
     recs[1].in_flight_at_start = 2;
     let dir = TempDir::new("mid");
@@ -146,7 +169,11 @@ fn a_request_starting_mid_second_breaks_steadiness_only_there() {
     assert!(close(ps[3].in_flight_mean, 1.5));
     assert_eq!((ps[3].in_flight_min, ps[3].in_flight_max), (1, 2));
     assert!(close(ps[7].in_flight_mean, 1.5));
-    let rows: Vec<(u32, u64)> = r.capacity.iter().map(|c| (c.in_flight, c.seconds)).collect();
+    let rows: Vec<(u32, u64)> = r
+        .capacity
+        .iter()
+        .map(|c| (c.in_flight, c.seconds))
+        .collect();
     assert_eq!(rows, [(1, 5), (2, 3)]);
     // Request b's mean level: 2 over its whole life.
     assert_eq!(r.capacity[1].per_request_tok_s.min, Some(10.0));

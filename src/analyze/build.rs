@@ -185,7 +185,10 @@ fn capacity(tl: &ReplayTimeline, level_tok_s: &LevelTokS, p: &Pass1) -> Vec<Capa
     let empty = LogHistogram::new();
     let mut rows = acc.rows();
     for row in &mut rows {
-        let h = p.arrivals.get(&row.in_flight).map_or(&empty, |a| &a.ttft_ms);
+        let h = p
+            .arrivals
+            .get(&row.in_flight)
+            .map_or(&empty, |a| &a.ttft_ms);
         row.ttft_ms = Percentiles::of(h);
     }
     rows

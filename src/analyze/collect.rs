@@ -139,7 +139,10 @@ impl Default for Pass1 {
 
 impl Pass1 {
     fn add(&mut self, r: &LeanRecord<'_>) -> std::io::Result<()> {
-        let outcome_idx = Outcome::ALL.iter().position(|o| *o == r.outcome).unwrap_or(0);
+        let outcome_idx = Outcome::ALL
+            .iter()
+            .position(|o| *o == r.outcome)
+            .unwrap_or(0);
         self.by_outcome[outcome_idx] += 1;
         self.prompt_tokens += r.prompt_tokens.unwrap_or(0);
         self.completion_tokens += r.completion_tokens.unwrap_or(0);
@@ -211,11 +214,20 @@ pub type LevelTokS = BTreeMap<u32, (f64, f64)>;
 impl Pass1 {
     /// An empty accumulator with its own spill file.
     pub fn new() -> std::io::Result<Pass1> {
-        Ok(Pass1 { spill: Some(Spill::create()?), ..Pass1::default() })
+        Ok(Pass1 {
+            spill: Some(Spill::create()?),
+            ..Pass1::default()
+        })
     }
 
     /// Counts and, when selected, accumulates one line of source `source`.
-    pub fn line(&mut self, source: usize, line_no: u64, line: &[u8], filter: &Filter) -> std::io::Result<()> {
+    pub fn line(
+        &mut self,
+        source: usize,
+        line_no: u64,
+        line: &[u8],
+        filter: &Filter,
+    ) -> std::io::Result<()> {
         self.counts.lines += 1;
         let parsed = if line == TOO_LONG_PLACEHOLDER {
             Parsed::Bad(BadReason::TooLong)

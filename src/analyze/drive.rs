@@ -84,7 +84,9 @@ pub fn pass1(sources: &[Source], filter: &Filter) -> anyhow::Result<Pass1> {
         total.counts.read_errors.extend(read_errors);
         total.counts.read_errors.sort();
         total.cold_starts.sort_by_key(|c| c.ts_ns);
-        total.cold_starts.truncate(super::collect::COLD_STARTS_LISTED);
+        total
+            .cold_starts
+            .truncate(super::collect::COLD_STARTS_LISTED);
         Ok(total)
     })
 }

@@ -70,7 +70,10 @@ mod tests {
     #[test]
     fn time_bounds_parse_absolute_and_relative() {
         let now = 10_000 * NANOS_PER_SEC;
-        assert_eq!(parse_time_bound("-30m", now).unwrap(), 8_200 * NANOS_PER_SEC);
+        assert_eq!(
+            parse_time_bound("-30m", now).unwrap(),
+            8_200 * NANOS_PER_SEC
+        );
         assert_eq!(parse_time_bound("-2h", now).unwrap(), 2_800 * NANOS_PER_SEC);
         assert_eq!(parse_time_bound("-5s", now).unwrap(), 9_995 * NANOS_PER_SEC);
         assert_eq!(

@@ -13,7 +13,12 @@ fn html_table(text: &str) -> String {
         if i == 1 {
             continue; // the |---| separator
         }
-        let cells: Vec<&str> = line.trim().trim_matches('|').split(" |").map(str::trim).collect();
+        let cells: Vec<&str> = line
+            .trim()
+            .trim_matches('|')
+            .split(" |")
+            .map(str::trim)
+            .collect();
         let tag = if i == 0 { "th" } else { "td" };
         out.push_str("<tr>");
         for c in cells {

@@ -38,7 +38,10 @@ impl Source {
         let mut buffered = BufReader::with_capacity(1 << 16, raw);
         let gz = buffered.fill_buf()?.starts_with(&[0x1f, 0x8b]);
         Ok(if gz {
-            Box::new(BufReader::with_capacity(1 << 16, MultiGzDecoder::new(buffered)))
+            Box::new(BufReader::with_capacity(
+                1 << 16,
+                MultiGzDecoder::new(buffered),
+            ))
         } else {
             Box::new(buffered)
         })
@@ -70,7 +73,12 @@ impl Chunk {
         body.split(|&b| b == b'\n')
             .enumerate()
             .filter(move |_| !self.data.is_empty())
-            .map(move |(i, l)| (self.first_line + i as u64, l.strip_suffix(b"\r").unwrap_or(l)))
+            .map(move |(i, l)| {
+                (
+                    self.first_line + i as u64,
+                    l.strip_suffix(b"\r").unwrap_or(l),
+                )
+            })
     }
 }
 
@@ -91,7 +99,14 @@ fn newlines(b: &[u8]) -> u64 {
 impl<R: BufRead> Chunker<R> {
     /// A chunker over source number `source`.
     pub fn new(inner: R, source: usize) -> Self {
-        Chunker { inner, source, pending: Vec::new(), lines: 0, skipping: false, done: false }
+        Chunker {
+            inner,
+            source,
+            pending: Vec::new(),
+            lines: 0,
+            skipping: false,
+            done: false,
+        }
     }
 
     fn placeholder(&mut self, out: &mut Vec<u8>) {
@@ -166,7 +181,11 @@ impl<R: BufRead> Chunker<R> {
         if out.is_empty() {
             return Ok(None);
         }
-        Ok(Some(Chunk { source: self.source, first_line, data: out }))
+        Ok(Some(Chunk {
+            source: self.source,
+            first_line,
+            data: out,
+        }))
     }
 }
 

@@ -145,7 +145,9 @@ pub enum Parsed<'a> {
 }
 
 fn latency_ok(v: Option<f64>) -> bool {
-    v.map_or(true, |v| v.is_finite() && (0.0..=MAX_LATENCY_MS).contains(&v))
+    v.map_or(true, |v| {
+        v.is_finite() && (0.0..=MAX_LATENCY_MS).contains(&v)
+    })
 }
 
 /// Classifies and parses one line (without its newline).
@@ -191,7 +193,9 @@ pub fn parse_line(line: &[u8]) -> Parsed<'_> {
     ) else {
         return Parsed::Bad(BadReason::MissingField);
     };
-    if !latency_ok(raw.e2e_ms) || !latency_ok(raw.ttft_ms) || raw.tok_s.is_some_and(|v| !v.is_finite())
+    if !latency_ok(raw.e2e_ms)
+        || !latency_ok(raw.ttft_ms)
+        || raw.tok_s.is_some_and(|v| !v.is_finite())
     {
         return Parsed::Bad(BadReason::InvalidValue);
     }

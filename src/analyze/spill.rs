@@ -117,7 +117,12 @@ mod tests {
     fn entries_round_trip_and_the_file_is_removed() {
         let mut s = Spill::create().unwrap();
         let path = s.path.clone();
-        let e = SpillEntry { start: 7, end: 9, tok_s: 1.5, in_flight_at_start: 3 };
+        let e = SpillEntry {
+            start: 7,
+            end: 9,
+            tok_s: 1.5,
+            in_flight_at_start: 3,
+        };
         s.push(&e).unwrap();
         s.push(&SpillEntry { start: 1, ..e }).unwrap();
         let mut got = vec![];

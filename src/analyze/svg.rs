@@ -40,28 +40,64 @@ fn step(max: f64) -> f64 {
     let raw = (max / 5.0).max(1e-9);
     let mag = 10f64.powf(raw.log10().floor());
     let norm = raw / mag;
-    let nice = if norm <= 1.0 { 1.0 } else if norm <= 2.0 { 2.0 } else if norm <= 5.0 { 5.0 } else { 10.0 };
+    let nice = if norm <= 1.0 {
+        1.0
+    } else if norm <= 2.0 {
+        2.0
+    } else if norm <= 5.0 {
+        5.0
+    } else {
+        10.0
+    };
     nice * mag
 }
 
 fn axis_max(points: impl Iterator<Item = f64>) -> f64 {
     let m = points.filter(|v| v.is_finite()).fold(0.0f64, f64::max);
-    if m <= 0.0 { 1.0 } else { (m / step(m)).ceil() * step(m) }
+    if m <= 0.0 {
+        1.0
+    } else {
+        (m / step(m)).ceil() * step(m)
+    }
 }
 
 fn label(v: f64) -> String {
-    if v.abs() >= 100.0 || v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.1}") }
+    if v.abs() >= 100.0 || v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
 }
 
 /// A line chart with a left axis, an optional right axis and a legend.
-pub fn chart(title: &str, x_label: &str, y_label: &str, y2_label: Option<&str>, series: &[Series]) -> String {
+pub fn chart(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    y2_label: Option<&str>,
+    series: &[Series],
+) -> String {
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
     let x_min = xs.clone().fold(f64::INFINITY, f64::min);
-    let x_min = if x_min.is_finite() { x_min.min(0.0) } else { 0.0 };
+    let x_min = if x_min.is_finite() {
+        x_min.min(0.0)
+    } else {
+        0.0
+    };
     let x_max = axis_max(xs).max(x_min + 1.0);
-    let y_max = axis_max(series.iter().filter(|s| !s.right_axis).flat_map(|s| s.points.iter().map(|p| p.1)));
-    let y2_max = axis_max(series.iter().filter(|s| s.right_axis).flat_map(|s| s.points.iter().map(|p| p.1)));
+    let y_max = axis_max(
+        series
+            .iter()
+            .filter(|s| !s.right_axis)
+            .flat_map(|s| s.points.iter().map(|p| p.1)),
+    );
+    let y2_max = axis_max(
+        series
+            .iter()
+            .filter(|s| s.right_axis)
+            .flat_map(|s| s.points.iter().map(|p| p.1)),
+    );
     let sx = |x: f64| LEFT + (x - x_min) / (x_max - x_min) * pw;
     let sy = |y: f64, max: f64| TOP + ph - y / max * ph;
     let mut o = String::new();
@@ -69,7 +105,12 @@ pub fn chart(title: &str, x_label: &str, y_label: &str, y2_label: Option<&str>, 
         o,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">"#
     );
-    let _ = write!(o, r#"<text x="{}" y="20" text-anchor="middle" font-size="14">{}</text>"#, W / 2.0, esc(title));
+    let _ = write!(
+        o,
+        r#"<text x="{}" y="20" text-anchor="middle" font-size="14">{}</text>"#,
+        W / 2.0,
+        esc(title)
+    );
     let _ = write!(
         o,
         r#"<g class="axes" stroke="dimgray"><line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{}"/><line x1="{LEFT}" y1="{0}" x2="{1}" y2="{0}"/></g>"#,
@@ -83,7 +124,10 @@ pub fn chart(title: &str, x_label: &str, y_label: &str, y2_label: Option<&str>, 
         let _ = write!(
             o,
             r#"<line class="tick" x1="{px:.1}" y1="{0}" x2="{px:.1}" y2="{1}" stroke="dimgray"/><text x="{px:.1}" y="{2}" text-anchor="middle">{3}</text>"#,
-            TOP + ph, TOP + ph + 5.0, TOP + ph + 18.0, label(x)
+            TOP + ph,
+            TOP + ph + 5.0,
+            TOP + ph + 18.0,
+            label(x)
         );
         x += xs_step;
     }
@@ -100,7 +144,8 @@ pub fn chart(title: &str, x_label: &str, y_label: &str, y2_label: Option<&str>, 
             let _ = write!(
                 o,
                 r#"<line class="tick" x1="{x0}" y1="{py:.1}" x2="{x1}" y2="{py:.1}" stroke="dimgray"/><text x="{tx}" y="{:.1}" text-anchor="{anchor}">{}</text>"#,
-                py + 4.0, label(y)
+                py + 4.0,
+                label(y)
             );
             y += st;
         }
@@ -109,17 +154,26 @@ pub fn chart(title: &str, x_label: &str, y_label: &str, y2_label: Option<&str>, 
     if y2_label.is_some() {
         axis(y2_max, true);
     }
-    let _ = write!(o, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, LEFT + pw / 2.0, H - 10.0, esc(x_label));
+    let _ = write!(
+        o,
+        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+        LEFT + pw / 2.0,
+        H - 10.0,
+        esc(x_label)
+    );
     let _ = write!(
         o,
         r#"<text transform="translate(16 {0}) rotate(-90)" text-anchor="middle">{1}</text>"#,
-        TOP + ph / 2.0, esc(y_label)
+        TOP + ph / 2.0,
+        esc(y_label)
     );
     if let Some(l) = y2_label {
         let _ = write!(
             o,
             r#"<text transform="translate({0} {1}) rotate(90)" text-anchor="middle">{2}</text>"#,
-            W - 14.0, TOP + ph / 2.0, esc(l)
+            W - 14.0,
+            TOP + ph / 2.0,
+            esc(l)
         );
     }
     for (i, s) in series.iter().enumerate() {
@@ -141,7 +195,11 @@ pub fn chart(title: &str, x_label: &str, y_label: &str, y2_label: Option<&str>, 
         let _ = write!(
             o,
             r#"<g class="legend"><line x1="{0}" y1="{ly}" x2="{1}" y2="{ly}" stroke="{color}" stroke-width="2"/><text x="{2}" y="{3}">{4}</text></g>"#,
-            LEFT + 10.0, LEFT + 30.0, LEFT + 35.0, ly + 4.0, esc(&s.name)
+            LEFT + 10.0,
+            LEFT + 30.0,
+            LEFT + 35.0,
+            ly + 4.0,
+            esc(&s.name)
         );
     }
     o.push_str("</svg>\n");
@@ -149,33 +207,55 @@ pub fn chart(title: &str, x_label: &str, y_label: &str, y2_label: Option<&str>, 
 }
 
 fn series(name: &str, points: Vec<(f64, f64)>, right_axis: bool) -> Series {
-    Series { name: name.into(), points, right_axis }
+    Series {
+        name: name.into(),
+        points,
+        right_axis,
+    }
 }
 
 /// Aggregate and per-request tok/s against N.
 pub fn capacity(r: &Report) -> String {
-    let agg = r.capacity.iter().map(|c| (c.in_flight as f64, c.gen_tok_s.mean)).collect();
-    let per = r.capacity.iter().map(|c| (c.in_flight as f64, c.per_request_tok_s.avg)).collect();
+    let agg = r
+        .capacity
+        .iter()
+        .map(|c| (c.in_flight as f64, c.gen_tok_s.mean))
+        .collect();
+    let per = r
+        .capacity
+        .iter()
+        .map(|c| (c.in_flight as f64, c.per_request_tok_s.avg))
+        .collect();
     chart(
         "Capacity curve (steady seconds)",
         "requests in flight (N)",
         "tokens/s",
         None,
-        &[series("aggregate tok/s", agg, false), series("per-request tok/s", per, false)],
+        &[
+            series("aggregate tok/s", agg, false),
+            series("per-request tok/s", per, false),
+        ],
     )
 }
 
 /// TTFT p50 and p90 against the arrival level.
 pub fn ttft(r: &Report) -> String {
     let pick = |f: fn(&super::report::SaturationLevel) -> Option<f64>| {
-        r.saturation.levels.iter().filter_map(|l| f(l).map(|v| (l.in_flight as f64, v))).collect()
+        r.saturation
+            .levels
+            .iter()
+            .filter_map(|l| f(l).map(|v| (l.in_flight as f64, v)))
+            .collect()
     };
     chart(
         "TTFT vs concurrency at arrival",
         "requests in flight at arrival",
         "TTFT ms",
         None,
-        &[series("ttft p50", pick(|l| l.ttft_ms.p50), false), series("ttft p90", pick(|l| l.ttft_ms.p90), false)],
+        &[
+            series("ttft p50", pick(|l| l.ttft_ms.p50), false),
+            series("ttft p90", pick(|l| l.ttft_ms.p90), false),
+        ],
     )
 }
 
@@ -193,14 +273,28 @@ pub fn timeline(r: &Report) -> String {
     }
     chart(
         "Throughput and concurrency over time",
-        &format!("seconds since the first active second{}", if group > 1 { format!(" (means of {group} s)") } else { String::new() }),
+        &format!(
+            "seconds since the first active second{}",
+            if group > 1 {
+                format!(" (means of {group} s)")
+            } else {
+                String::new()
+            }
+        ),
         "generated tokens/s",
         Some("requests in flight"),
-        &[series("generated tok/s", gen, false), series("in flight", level, true)],
+        &[
+            series("generated tok/s", gen, false),
+            series("in flight", level, true),
+        ],
     )
 }
 
 /// Every plot with its file name.
 pub fn all(r: &Report) -> Vec<(&'static str, String)> {
-    vec![("capacity.svg", capacity(r)), ("ttft.svg", ttft(r)), ("timeline.svg", timeline(r))]
+    vec![
+        ("capacity.svg", capacity(r)),
+        ("ttft.svg", ttft(r)),
+        ("timeline.svg", timeline(r)),
+    ]
 }

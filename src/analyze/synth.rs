@@ -66,7 +66,8 @@ pub fn record(
 /// level; users are `lane-<i>`.
 pub fn steady_phases() -> Vec<RequestRecord> {
     let mut out = Vec::new();
-    let phases: [(u64, u32, u64, u64); 3] = [(0, 1, 30, 2100), (120, 4, 30, 1125), (240, 16, 120, 2625)];
+    let phases: [(u64, u32, u64, u64); 3] =
+        [(0, 1, 30, 2100), (120, 4, 30, 1125), (240, 16, 120, 2625)];
     for (phase_start, n, len_s, tokens) in phases {
         for k in 0..(120 / len_s) {
             for lane in 0..n {
@@ -96,7 +97,9 @@ pub fn write_load_log(out: &mut impl Write, lines: usize, seed: u64) -> io::Resu
     let mut level: u32 = 1;
     for i in 0..lines {
         if i % 500 == 499 {
-            let line = format!("{{\"type\":\"server_sample\",\"schema\":1,\"ts_ns\":{t},\"running\":{level}}}\n");
+            let line = format!(
+                "{{\"type\":\"server_sample\",\"schema\":1,\"ts_ns\":{t},\"running\":{level}}}\n"
+            );
             out.write_all(line.as_bytes())?;
             written += line.len() as u64;
             continue;

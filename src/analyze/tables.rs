@@ -73,7 +73,12 @@ pub fn capacity_rows(rows: &[CapacityRow]) -> Vec<Vec<String>> {
                     num(Some(r.gen_tok_s.mean), 1),
                     num(r.gen_tok_s.stdev, 1)
                 ),
-                format!("{} / {} / {}", num(p.min, 1), num(Some(p.avg), 1), num(p.max, 1)),
+                format!(
+                    "{} / {} / {}",
+                    num(p.min, 1),
+                    num(Some(p.avg), 1),
+                    num(p.max, 1)
+                ),
                 format!("{} / {} / {}", num(t.p50, 0), num(t.p90, 0), num(t.p99, 0)),
                 r.scaling.map_or("—".into(), |s| format!("{s:.1}×")),
                 marginal_text(r, prev),
@@ -118,21 +123,39 @@ pub fn sections(r: &Report) -> Vec<(String, String)> {
         let _ = write!(bad, " (first at {})", i.bad_positions.join(", "));
     }
     let summary = vec![
-        vec!["Period".into(), format!(
-            "{} → {} ({} s)",
-            s.first_arrival.as_deref().unwrap_or("—"),
-            s.last_end.as_deref().unwrap_or("—"),
-            num(s.duration_s, 1)
-        )],
-        vec!["Requests".into(), format!("{} ({} generation): {outcomes}", s.requests, s.generation_requests)],
+        vec![
+            "Period".into(),
+            format!(
+                "{} → {} ({} s)",
+                s.first_arrival.as_deref().unwrap_or("—"),
+                s.last_end.as_deref().unwrap_or("—"),
+                num(s.duration_s, 1)
+            ),
+        ],
+        vec![
+            "Requests".into(),
+            format!(
+                "{} ({} generation): {outcomes}",
+                s.requests, s.generation_requests
+            ),
+        ],
         vec!["Errors".into(), s.errors.to_string()],
         vec!["Users".into(), s.users.to_string()],
         vec!["Models".into(), models],
-        vec!["Tokens".into(), format!("prompt {}, completion {}", s.prompt_tokens, s.completion_tokens)],
-        vec!["Lines".into(), format!(
-            "{} read, {} requests, {} other, {} filtered out",
-            i.lines, i.request_lines, i.other_lines, i.filtered_out
-        )],
+        vec![
+            "Tokens".into(),
+            format!(
+                "prompt {}, completion {}",
+                s.prompt_tokens, s.completion_tokens
+            ),
+        ],
+        vec![
+            "Lines".into(),
+            format!(
+                "{} read, {} requests, {} other, {} filtered out",
+                i.lines, i.request_lines, i.other_lines, i.filtered_out
+            ),
+        ],
         vec!["Bad lines".into(), bad],
     ];
     out.push(("Summary".into(), table(&["", ""], &summary)));
@@ -166,7 +189,11 @@ pub fn sections(r: &Report) -> Vec<(String, String)> {
         .levels
         .iter()
         .map(|l| {
-            let mark = if knee.is_some_and(|k| k.in_flight == l.in_flight) { "← knee" } else { "" };
+            let mark = if knee.is_some_and(|k| k.in_flight == l.in_flight) {
+                "← knee"
+            } else {
+                ""
+            };
             vec![
                 l.in_flight.to_string(),
                 l.requests.to_string(),
@@ -180,13 +207,27 @@ pub fn sections(r: &Report) -> Vec<(String, String)> {
     let knee_title = match knee {
         Some(k) => format!(
             "Saturation (knee at {} in flight: TTFT p90 {:.0} ms > {} × {:.0} ms at {})",
-            k.in_flight, k.ttft_p90_ms, r.saturation.knee_factor, k.baseline_ttft_p90_ms, k.baseline_in_flight
+            k.in_flight,
+            k.ttft_p90_ms,
+            r.saturation.knee_factor,
+            k.baseline_ttft_p90_ms,
+            k.baseline_in_flight
         ),
         None => format!("Saturation (no knee at {} ×)", r.saturation.knee_factor),
     };
     out.push((
         knee_title,
-        table(&["In flight at arrival", "Requests", "TTFT p50", "p90", "p99", ""], &sat),
+        table(
+            &[
+                "In flight at arrival",
+                "Requests",
+                "TTFT p50",
+                "p90",
+                "p99",
+                "",
+            ],
+            &sat,
+        ),
     ));
     let users: Vec<Vec<String>> = r
         .users
@@ -196,7 +237,12 @@ pub fn sections(r: &Report) -> Vec<(String, String)> {
                 u.user.clone(),
                 u.requests.to_string(),
                 u.completion_tokens.to_string(),
-                format!("{} ({} – {})", num(u.tok_s.mean, 1), num(u.tok_s.min, 1), num(u.tok_s.max, 1)),
+                format!(
+                    "{} ({} – {})",
+                    num(u.tok_s.mean, 1),
+                    num(u.tok_s.min, 1),
+                    num(u.tok_s.max, 1)
+                ),
                 format!("{} / {}", num(u.ttft_p50_ms, 0), num(u.ttft_p90_ms, 0)),
                 u.share_pct.map_or("—".into(), |p| format!("{p:.1}%")),
             ]
@@ -205,7 +251,14 @@ pub fn sections(r: &Report) -> Vec<(String, String)> {
     out.push((
         "Per user".into(),
         table(
-            &["User", "Requests", "Completion tokens", "tok/s mean (min – max)", "TTFT p50/p90 ms", "Share"],
+            &[
+                "User",
+                "Requests",
+                "Completion tokens",
+                "tok/s mean (min – max)",
+                "TTFT p50/p90 ms",
+                "Share",
+            ],
             &users,
         ),
     ));
@@ -213,10 +266,20 @@ pub fn sections(r: &Report) -> Vec<(String, String)> {
         .cold_starts
         .listed
         .iter()
-        .map(|c| vec![c.ts.clone(), c.user.clone(), num(c.ttft_ms, 0), num(c.e2e_ms, 0)])
+        .map(|c| {
+            vec![
+                c.ts.clone(),
+                c.user.clone(),
+                num(c.ttft_ms, 0),
+                num(c.e2e_ms, 0),
+            ]
+        })
         .collect();
     out.push((
-        format!("Cold starts ({}; kept out of the curve's TTFT)", r.cold_starts.count),
+        format!(
+            "Cold starts ({}; kept out of the curve's TTFT)",
+            r.cold_starts.count
+        ),
         table(&["Arrival", "User", "TTFT ms", "E2E ms"], &cold),
     ));
     out
