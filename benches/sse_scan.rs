@@ -1,1 +1,106 @@
-fn main() {}
+//! SSE scanning and event summarizing on recorded vLLM streams, and access-log line encoding.
+//! Run: cargo bench --bench sse_scan
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use tokenmeter::openai::summarize;
+use tokenmeter::record::RequestRecord;
+use tokenmeter::sse::SseScanner;
+
+fn fixture_body(name: &str) -> Vec<u8> {
+    let raw = std::fs::read(format!(
+        "{}/tests/fixtures/vllm/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let start = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    raw[start..].to_vec()
+}
+
+/// One recorded stream repeated to ~256 KiB, cut the way vLLM sends it: one event per frame.
+fn frames(name: &str) -> (Vec<Vec<u8>>, usize) {
+    let body = fixture_body(name);
+    let text = String::from_utf8(body).unwrap();
+    let events: Vec<Vec<u8>> = text
+        .split_inclusive("\n\n")
+        .map(|e| e.as_bytes().to_vec())
+        .collect();
+    let mut out = Vec::new();
+    let mut bytes = 0;
+    while bytes < 256 * 1024 {
+        for e in &events {
+            bytes += e.len();
+            out.push(e.clone());
+        }
+    }
+    (out, bytes)
+}
+
+fn scan(c: &mut Criterion) {
+    let mut g = c.benchmark_group("sse_scan");
+    for name in [
+        "03_chat_stream_usage.http",
+        "04_chat_stream_usage_continuous.http",
+    ] {
+        let (frames, bytes) = frames(name);
+        g.throughput(Throughput::Bytes(bytes as u64));
+        g.bench_with_input(BenchmarkId::new("scan_only", name), &frames, |b, frames| {
+            b.iter(|| {
+                let mut s = SseScanner::default();
+                let mut n = 0usize;
+                for f in frames {
+                    s.feed(f, |e| n += e.data.len());
+                }
+                n
+            })
+        });
+        g.bench_with_input(
+            BenchmarkId::new("scan_and_summarize", name),
+            &frames,
+            |b, frames| {
+                b.iter(|| {
+                    let mut s = SseScanner::default();
+                    let mut tokens = 0u64;
+                    for f in frames {
+                        s.feed(f, |e| {
+                            if let Some(sum) = summarize(e.data) {
+                                tokens += sum.content_choices as u64;
+                            }
+                        });
+                    }
+                    tokens
+                })
+            },
+        );
+        g.throughput(Throughput::Elements(frames.len() as u64));
+        g.bench_with_input(BenchmarkId::new("events", name), &frames, |b, frames| {
+            b.iter(|| {
+                let mut s = SseScanner::default();
+                let mut tokens = 0u64;
+                for f in frames {
+                    s.feed(f, |e| {
+                        if let Some(sum) = summarize(e.data) {
+                            tokens += sum.content_choices as u64;
+                        }
+                    });
+                }
+                tokens
+            })
+        });
+    }
+    g.finish();
+}
+
+fn encode(c: &mut Criterion) {
+    let line = std::fs::read_to_string(format!(
+        "{}/tests/fixtures/access_log_line.json",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let record: RequestRecord = serde_json::from_str(&line).unwrap();
+    c.bench_function("access_log_line_encode", |b| {
+        b.iter(|| record.to_json_line())
+    });
+}
+
+criterion_group!(benches, scan, encode);
+criterion_main!(benches);

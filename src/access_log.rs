@@ -56,8 +56,7 @@ impl Observer for AccessLogSink {
 /// Control of the writer task.
 pub struct AccessLogWriter {
     reopen: Arc<Notify>,
-    close: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+    close: std::sync::Mutex<Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>>,
     counters: Arc<AccessLogCounters>,
 }
 
@@ -72,12 +71,13 @@ impl AccessLogWriter {
         self.counters.clone()
     }
 
-    /// Stops taking records, writes what is queued, flushes, and waits for the task.
-    pub async fn close(mut self) {
-        if let Some(c) = self.close.take() {
-            let _ = c.send(());
+    /// Stops taking records, writes what is queued, flushes, and waits for the task (once).
+    pub async fn close(&self) {
+        let pending = self.close.lock().ok().and_then(|mut c| c.take());
+        if let Some((stop, task)) = pending {
+            let _ = stop.send(());
+            let _ = task.await;
         }
-        let _ = self.task.await;
     }
 }
 
@@ -106,8 +106,7 @@ pub fn spawn(
         },
         AccessLogWriter {
             reopen,
-            close: Some(close_tx),
-            task,
+            close: std::sync::Mutex::new(Some((close_tx, task))),
             counters,
         },
     ))

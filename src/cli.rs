@@ -16,6 +16,8 @@ pub struct Cli {
 pub enum Command {
     /// The measuring proxy: forwards everything to vLLM and measures every generation.
     Serve(crate::config::ServeArgs),
+    /// The simulator and the proxy in one process, with synthetic agents: see it work.
+    Demo(crate::demo::DemoArgs),
     /// A vLLM stand-in with continuous batching, vLLM's wire format and /metrics.
     Sim(crate::sim::SimArgs),
     /// Load generator: the burst sweep and the sustained method, against any OpenAI-compatible URL.
@@ -28,6 +30,7 @@ pub enum Command {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => crate::proxy::run_cli(args).await,
+        Command::Demo(args) => crate::demo::run_cli(args).await,
         Command::Sim(args) => crate::sim::run_cli(args).await,
         Command::Load(args) => crate::load::run_cli(args).await,
         Command::Analyze(args) => crate::analyze::run_cli(args).await,

@@ -62,6 +62,8 @@ pub struct ServeConfig {
     pub timeouts: Timeouts,
     /// Who is the user.
     pub users: UsersConfig,
+    /// The live meter: windows, user caps, cold starts.
+    pub meter: crate::meter::MeterConfig,
 }
 
 impl Default for ServeConfig {
@@ -82,6 +84,7 @@ impl Default for ServeConfig {
             shutdown_grace_s: 30,
             timeouts: Timeouts::default(),
             users: UsersConfig::default(),
+            meter: crate::meter::MeterConfig::default(),
         }
     }
 }
@@ -169,8 +172,8 @@ impl ServeConfig {
                 .with_context(|| format!("admin_listen: `{a}` is not host:port"))?;
         }
         self.upstream_uri()?;
-        if self.max_header_bytes < 8192 {
-            bail!("max_header_bytes: must be at least 8192");
+        if self.max_header_bytes < 1024 {
+            bail!("max_header_bytes: must be at least 1024");
         }
         if self.max_request_body_bytes == 0
             || self.access_log_buffer == 0
@@ -206,6 +209,9 @@ impl ServeConfig {
         if self.users.require_known_key && self.users.api_keys.is_empty() {
             bail!("users.require_known_key needs users.api_keys");
         }
+        self.meter
+            .validate()
+            .map_err(|e| anyhow::anyhow!("meter: {e}"))?;
         Ok(())
     }
 
@@ -412,7 +418,7 @@ mod tests {
         assert!(format!("{:#}", load(&a, Vec::new()).unwrap_err()).contains("https"));
         let mut a = args();
         a.set = vec!["max_header_bytes=100".into()];
-        assert!(format!("{:#}", load(&a, Vec::new()).unwrap_err()).contains("8192"));
+        assert!(format!("{:#}", load(&a, Vec::new()).unwrap_err()).contains("1024"));
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod analyze;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod load;
 pub mod meter;

@@ -8,6 +8,7 @@ async fn main() -> std::process::ExitCode {
             EnvFilter::try_from_env("TOKENMETER_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = tokenmeter::cli::Cli::parse();
     match tokenmeter::cli::run(cli).await {

@@ -171,7 +171,8 @@ impl RequestRecord {
 
     /// End time on the timeline (arrival + e2e), or arrival when e2e is unknown.
     pub fn end_ns(&self) -> UnixNanos {
-        self.ts_ns + self.e2e_ms.map(|ms| (ms * 1e6).round() as u64).unwrap_or(0)
+        self.ts_ns
+            .saturating_add(self.e2e_ms.map(ms_to_ns).unwrap_or(0))
     }
 
     /// TTFT time on the timeline, when known.
@@ -186,6 +187,12 @@ impl RequestRecord {
         out.push(b'\n');
         out
     }
+}
+
+/// Milliseconds to nanoseconds; negative, NaN or huge values (corrupt lines) saturate.
+fn ms_to_ns(ms: f64) -> u64 {
+    // `as` saturates for floats: NaN and negatives give 0, overflow gives u64::MAX.
+    (ms * 1e6).round() as u64
 }
 
 /// Whether `path` (after any `/u/<name>` prefix was stripped) is a generation endpoint.

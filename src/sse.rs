@@ -80,9 +80,12 @@ impl SseScanner {
     /// Feeds one slice; calls `on_event` for every event completed inside it, in order.
     pub fn feed(&mut self, chunk: &[u8], mut on_event: impl FnMut(SseEvent<'_>)) {
         let mut pos = 0;
+        if chunk.is_empty() {
+            return;
+        }
         if self.after_cr {
             self.after_cr = false;
-            if chunk.first() == Some(&b'\n') {
+            if chunk[0] == b'\n' {
                 pos = 1;
             }
         }
@@ -341,6 +344,107 @@ mod tests {
                 vec![(Vec::new(), true), (b"ok".to_vec(), false)],
                 "split {split}"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod split_properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Events of `input` fed whole, as the reference.
+    fn reference(input: &[u8]) -> Vec<Vec<u8>> {
+        let mut s = SseScanner::new(1 << 16);
+        let mut out = Vec::new();
+        s.feed(input, |e| out.push(e.data.to_vec()));
+        out
+    }
+
+    fn stream_text() -> impl Strategy<Value = Vec<u8>> {
+        let line = prop_oneof![
+            "[a-z{}\":,0-9 ]{0,40}".prop_map(|s| format!("data: {s}")),
+            "[a-z ]{0,10}".prop_map(|s| format!(":{s}")),
+            Just("data".to_string()),
+            Just("data:[DONE]".to_string()),
+            Just("event: x".to_string()),
+            Just(String::new()),
+        ];
+        (
+            proptest::collection::vec(line, 0..30),
+            prop_oneof![Just("\n"), Just("\r\n"), Just("\r")],
+        )
+            .prop_map(|(lines, eol)| {
+                let mut s = lines.join(eol);
+                s.push_str(eol);
+                s.push_str(eol);
+                s.into_bytes()
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn every_split_yields_the_same_events(input in stream_text(), cuts in proptest::collection::vec(0usize..400, 0..12)) {
+            let want = reference(&input);
+            let mut points: Vec<usize> = cuts.into_iter().map(|c| c % (input.len() + 1)).collect();
+            points.sort_unstable();
+            let mut s = SseScanner::new(1 << 16);
+            let mut got = Vec::new();
+            let mut prev = 0;
+            for p in points.into_iter().chain(std::iter::once(input.len())) {
+                s.feed(&input[prev..p], |e| got.push(e.data.to_vec()));
+                prev = p;
+            }
+            prop_assert_eq!(got, want);
+        }
+
+        #[test]
+        fn byte_by_byte_equals_whole(input in stream_text()) {
+            let want = reference(&input);
+            let mut s = SseScanner::new(1 << 16);
+            let mut got = Vec::new();
+            for b in &input {
+                s.feed(std::slice::from_ref(b), |e| got.push(e.data.to_vec()));
+            }
+            prop_assert_eq!(got, want);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_and_stay_bounded(input in proptest::collection::vec(any::<u8>(), 0..2000), split in 1usize..64) {
+            let mut s = SseScanner::new(256);
+            for piece in input.chunks(split) {
+                s.feed(piece, |e| assert!(e.data.len() <= 256));
+                prop_assert!(s.buffered() <= 256 + 5);
+            }
+        }
+    }
+
+    #[test]
+    fn recorded_vllm_streams_split_every_way() {
+        for name in [
+            "03_chat_stream_usage.http",
+            "04_chat_stream_usage_continuous.http",
+            "05_chat_stream_usage_n2.http",
+        ] {
+            let raw = std::fs::read(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/fixtures/vllm")
+                    .join(name),
+            )
+            .unwrap();
+            let start = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+            let body = &raw[start..];
+            let want = reference(body);
+            assert!(want.len() >= 7, "{name}");
+            assert_eq!(want.last().unwrap(), b"[DONE]");
+            for size in 1..=body.len().min(300) {
+                let mut s = SseScanner::default();
+                let mut got = Vec::new();
+                for piece in body.chunks(size) {
+                    s.feed(piece, |e| got.push(e.data.to_vec()));
+                }
+                assert_eq!(got, want, "{name} split {size}");
+            }
         }
     }
 }

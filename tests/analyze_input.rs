@@ -71,6 +71,20 @@ fn malformed_lines_are_counted_with_positions_not_fatal() {
 }
 
 #[test]
+fn extreme_timestamps_do_not_panic() {
+    let mut recs = synth::steady_phases()[..2].to_vec();
+    recs[0].ts_ns = u64::MAX - 5;
+    recs[1].ts_ns = 0;
+    recs[1].e2e_ms = Some(86_400_000.0);
+    let dir = TempDir::new("extreme");
+    let path = write(&dir.path("x.jsonl"), &lines_of(&recs));
+    let r = analyze(&[path], &AnalyzeOptions::default()).unwrap();
+    assert_eq!(r.summary.requests, 2);
+    let _ = tokenmeter::analyze::tables::render(&r);
+    let _ = tokenmeter::analyze::svg::all(&r);
+}
+
+#[test]
 fn random_bytes_never_crash() {
     let mut rng = SmallRng::seed_from_u64(42);
     let good = lines_of(&synth::steady_phases());

@@ -200,3 +200,21 @@ fn capacity_rows_need_steady_seconds_and_scaling_needs_n1() {
         ]
     );
 }
+
+#[test]
+fn corrupt_records_neither_panic_nor_run_away() {
+    let mut huge = record(u64::MAX - 5, 1e300, Some(f64::NAN), Some(5), Some(1), true);
+    huge.e2e_ms = Some(1e300);
+    let mut long = record(at(0.0), 1e15, Some(-3.0), Some(7), Some(1), true);
+    long.tok_s = Some(f64::INFINITY);
+    let neg = record(at(0.0), -5.0, Some(-1.0), Some(3), Some(1), false);
+    let tl = Timeline::from_records([&huge, &long, &neg]);
+    // The 31,700-year request reports at most one day of seconds, and its 7 tokens still add up.
+    assert!(tl.seconds.len() <= 2 * 86_400 + 10, "{}", tl.seconds.len());
+    let gen: f64 = tl.seconds.values().map(|b| b.gen_tokens).sum();
+    assert!(gen <= 15.0 + 1e-9);
+    // The negative e2e is a zero-length life: its 3 tokens and 1 prompt token land in second 0.
+    assert!(tl.seconds[&S0].gen_tokens >= 3.0);
+    assert_eq!(tl.seconds[&S0].prompt_tokens, 2.0);
+    let _ = tl.capacity();
+}

@@ -18,6 +18,9 @@ async fn one(
     let proxy = TestProxy::start(&up.url(), |_| {}).await;
     let got = raw_request(proxy.addr, &post(path, body, &[])).await;
     let lines = proxy.finish().await;
+    for l in &lines {
+        assert_schema("record.schema.json", l);
+    }
     let seen = up.seen.recv().await.unwrap();
     (got, lines, seen)
 }
@@ -237,4 +240,23 @@ async fn other_paths_pass_through_and_are_logged_unmetered() {
     let lines = proxy.finish().await;
     assert_eq!(lines[0]["path"], "/v1/models");
     assert_eq!(lines[0]["in_flight_at_start"], 0);
+}
+
+#[test]
+fn the_record_schema_rejects_incomplete_or_unknown_fields() {
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/schemas/record.schema.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let v = jsonschema::validator_for(&schema).unwrap();
+    assert!(!v.is_valid(&serde_json::json!({"type": "request", "schema": 1})));
+    let mut full: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/access_log_line.json")).unwrap();
+    assert!(v.is_valid(&full), "the sample line is valid");
+    full["surprise"] = serde_json::json!(1);
+    assert!(!v.is_valid(&full));
 }

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::clock::UnixNanos;
 use crate::meter::histogram::LogHistogram;
 use crate::meter::replay::{ReplayAccumulator, ReplayTimeline};
-use crate::meter::timeline::RateStats;
+use crate::meter::timeline::{end_ns, RateStats};
 use crate::record::{Outcome, RequestRecord};
 
 use super::filter::Filter;
@@ -139,6 +139,7 @@ impl Default for Pass1 {
 
 impl Pass1 {
     fn add(&mut self, r: &LeanRecord<'_>) -> std::io::Result<()> {
+        r.fill(&mut self.scratch);
         let outcome_idx = Outcome::ALL
             .iter()
             .position(|o| *o == r.outcome)
@@ -147,7 +148,7 @@ impl Pass1 {
         self.prompt_tokens += r.prompt_tokens.unwrap_or(0);
         self.completion_tokens += r.completion_tokens.unwrap_or(0);
         self.first_arrival = Some(self.first_arrival.map_or(r.ts_ns, |t| t.min(r.ts_ns)));
-        let end = r.end_ns();
+        let end = end_ns(&self.scratch);
         self.last_end = Some(self.last_end.map_or(end, |t| t.max(end)));
         let user = match self.users.get_mut(r.user.as_ref()) {
             Some(u) => u,
@@ -194,7 +195,6 @@ impl Pass1 {
                 self.cold_starts.truncate(COLD_STARTS_LISTED);
             }
         }
-        r.fill(&mut self.scratch);
         self.replay.add(&self.scratch);
         if let (Some(tok_s), Some(spill)) = (r.tok_s, self.spill.as_mut()) {
             spill.push(&SpillEntry {

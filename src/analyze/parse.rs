@@ -217,11 +217,6 @@ pub fn parse_line(line: &[u8]) -> Parsed<'_> {
 }
 
 impl LeanRecord<'_> {
-    /// End of the request on the timeline, by the shared [`RequestRecord::end_ns`] rule.
-    pub fn end_ns(&self) -> UnixNanos {
-        self.ts_ns + self.e2e_ms.map(|ms| (ms * 1e6).round() as u64).unwrap_or(0)
-    }
-
     /// Copies the fields the shared attribution and accumulation read into a reusable
     /// `RequestRecord` (its strings are left alone, so nothing is allocated).
     pub fn fill(&self, r: &mut RequestRecord) {

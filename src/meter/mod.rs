@@ -2,10 +2,28 @@
 //! per model, with windows, a capacity curve, `/stats` and Prometheus exposition.
 //!
 //! The pure pieces ([`histogram`], [`timeline`], [`capacity`], [`replay`]) carry no live or async
-//! concern and are shared with `analyze`.
+//! concern and are shared with `analyze`. [`Meter`] is the single-threaded core (time passed in);
+//! [`live`] runs it in one task behind a [`MeterHandle`]; [`http`] serves it.
 
 pub mod capacity;
+pub mod config;
+pub mod engine;
 pub mod histogram;
+pub mod http;
+pub mod inflight;
+pub mod live;
+pub mod prometheus;
 pub mod replay;
+pub mod ring;
+pub mod scope;
+pub mod snapshot;
+mod stats;
 pub mod summary;
 pub mod timeline;
+pub mod window;
+
+pub use config::MeterConfig;
+pub use engine::Meter;
+pub use http::{stats_router, StatsContext};
+pub use live::{spawn_meter, MeterHandle};
+pub use snapshot::{SnapshotError, SnapshotQuery, StatsSnapshot};

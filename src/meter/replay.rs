@@ -35,7 +35,7 @@ use crate::clock::{UnixNanos, NANOS_PER_SEC};
 use crate::record::RequestRecord;
 
 use super::capacity::{CapacityAccumulator, CapacityRow, RequestLevel};
-use super::timeline::{attribute_record, mean_level, second_of, SecondBucket};
+use super::timeline::{attribute_record, end_ns, mean_level, second_of, SecondBucket};
 
 pub use store::{SecondAcc, SecondStore};
 
@@ -53,7 +53,7 @@ impl ReplayAccumulator {
 
     /// Adds one generation record (the caller selects which records count).
     pub fn add(&mut self, r: &RequestRecord) {
-        let (start, end) = (r.start_ns(), r.end_ns());
+        let (start, end) = (r.start_ns(), end_ns(r));
         let store = &mut self.store;
         store.at(second_of(start)).requests_started += 1;
         let fin = store.at(second_of(end));
@@ -213,8 +213,8 @@ impl ReplayTimeline {
         let own = (end - start) as f64;
         let (a, b) = (second_of(start), second_of(end - 1));
         let partial = |sec: u64| {
-            let lo = start.max(sec * NANOS_PER_SEC);
-            let hi = end.min((sec + 1) * NANOS_PER_SEC);
+            let lo = start.max(sec.saturating_mul(NANOS_PER_SEC));
+            let hi = end.min((sec + 1).saturating_mul(NANOS_PER_SEC));
             let overlap = hi.saturating_sub(lo) as f64;
             ((self.area_of(sec) as f64 - overlap) * overlap / ns).max(0.0)
         };
@@ -282,12 +282,12 @@ impl Timeline {
         let mut acc = ReplayAccumulator::new();
         records.iter().for_each(|r| acc.add(r));
         let replay = acc.finish();
-        records.sort_by_key(|r| r.end_ns());
+        records.sort_by_key(|r| end_ns(r));
         let requests = records
             .iter()
             .map(|r| RequestLevel {
                 level: replay
-                    .request_mean_level(r.start_ns(), r.end_ns(), r.in_flight_at_start)
+                    .request_mean_level(r.start_ns(), end_ns(r), r.in_flight_at_start)
                     .round() as u32,
                 tok_s: r.tok_s,
                 ttft_ms: r.ttft_ms,

@@ -35,6 +35,8 @@ use crate::record::RequestRecord;
 
 use super::histogram::LogHistogram;
 
+pub use super::inflight::{mean_level, InFlightIntegrator};
+
 /// Longest stretch (seconds, one day) an interval's tokens are spread over; earlier parts are dropped.
 pub const MAX_SPREAD_SECONDS: u64 = 86_400;
 
@@ -233,7 +235,7 @@ pub fn spread(
     let mut given = 0.0;
     for sec in lo..=last {
         let a = from.max(sec * NANOS_PER_SEC);
-        let b = to.min((sec + 1) * NANOS_PER_SEC);
+        let b = to.min((sec + 1).saturating_mul(NANOS_PER_SEC));
         // The last second takes the remainder so an unclipped spread sums exactly to `amount`.
         let share = if sec == last && whole {
             amount - given
@@ -245,20 +247,43 @@ pub fn spread(
     }
 }
 
+/// Nanoseconds of a millisecond figure; negative and non-finite values count as 0.
+fn ms_to_ns(ms: f64) -> u64 {
+    if ms.is_finite() && ms > 0.0 {
+        (ms * 1e6).round() as u64
+    } else {
+        0
+    }
+}
+
+/// A record's end (arrival + e2e, or arrival when e2e is unknown), saturating on corrupt input.
+pub fn end_ns(record: &RequestRecord) -> UnixNanos {
+    record
+        .ts_ns
+        .saturating_add(record.e2e_ms.map_or(0, ms_to_ns))
+}
+
+/// A record's TTFT instant when known, saturating on corrupt input.
+pub fn ttft_ns(record: &RequestRecord) -> Option<UnixNanos> {
+    record
+        .ttft_ms
+        .map(|ms| record.ts_ns.saturating_add(ms_to_ns(ms)))
+}
+
 /// The interval a finished request's (remaining) completion tokens are spread over, ending at `end`.
 pub fn generation_interval(record: &RequestRecord, end: UnixNanos) -> (UnixNanos, UnixNanos) {
     let start = record.start_ns().min(end);
     let from = if record.stream == Some(false) {
         start
     } else {
-        record.ttft_ns().unwrap_or(start)
+        ttft_ns(record).unwrap_or(start)
     };
     (from.clamp(start, end), end)
 }
 
 /// The instant prompt tokens are attributed to: the TTFT, else `end`.
 pub fn prompt_instant(record: &RequestRecord, end: UnixNanos) -> UnixNanos {
-    record.ttft_ns().map(|t| t.min(end)).unwrap_or(end)
+    ttft_ns(record).map(|t| t.min(end)).unwrap_or(end)
 }
 
 /// Attributes a finished request's tokens given that `already_attributed` completion tokens went
@@ -290,81 +315,20 @@ pub fn attribute_finish(
 
 /// Attributes a record replayed from a log (no per-event times): `sink(second, gen, prompt)`.
 pub fn attribute_record(record: &RequestRecord, sink: &mut impl FnMut(u64, f64, f64)) {
-    attribute_finish(record, 0.0, record.end_ns(), 0, sink)
+    attribute_finish(record, 0.0, end_ns(record), 0, sink)
 }
 
-/// Integrates the in-flight level over time.
-#[derive(Debug, Clone, Default)]
-pub struct InFlightIntegrator {
-    level: u32,
-    last_ns: Option<UnixNanos>,
-    area_ns: u128,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl InFlightIntegrator {
-    /// A level-0 integrator.
-    pub fn new() -> Self {
-        InFlightIntegrator::default()
+    #[test]
+    fn a_bucket_stays_small() {
+        // 1,000 users x 3,600 busy seconds x (8-byte key + bucket) must stay in the low hundreds of MB.
+        assert!(
+            std::mem::size_of::<SecondBucket>() <= 64,
+            "{}",
+            std::mem::size_of::<SecondBucket>()
+        );
     }
-
-    /// The current level.
-    pub fn level(&self) -> u32 {
-        self.level
-    }
-
-    /// Integral of the level since the first event, in level x nanoseconds.
-    pub fn area_ns(&self) -> u128 {
-        self.area_ns
-    }
-
-    /// Integrates up to `to`, reporting `sink(second, level, covered_ns)` for every second (from
-    /// `floor_sec` on) that had a level > 0. Time never goes back: an earlier `to` is a no-op.
-    pub fn advance(&mut self, to: UnixNanos, floor_sec: u64, sink: &mut impl FnMut(u64, u32, u64)) {
-        let from = match self.last_ns {
-            Some(t) if t < to => t,
-            Some(_) => return,
-            None => {
-                self.last_ns = Some(to);
-                return;
-            }
-        };
-        self.last_ns = Some(to);
-        if self.level == 0 {
-            return;
-        }
-        self.area_ns += self.level as u128 * (to - from) as u128;
-        let mut t = from.max(floor_sec.saturating_mul(NANOS_PER_SEC));
-        while t < to {
-            let sec = second_of(t);
-            let seg_end = to.min((sec + 1) * NANOS_PER_SEC);
-            sink(sec, self.level, seg_end - t);
-            t = seg_end;
-        }
-    }
-
-    /// Advances to `now` and then changes the level by `delta` (saturating at 0).
-    pub fn change(
-        &mut self,
-        now: UnixNanos,
-        delta: i32,
-        floor_sec: u64,
-        sink: &mut impl FnMut(u64, u32, u64),
-    ) {
-        self.advance(now, floor_sec, sink);
-        self.level = self.level.saturating_add_signed(delta);
-    }
-}
-
-/// Time-weighted mean level between two integrator readings, or `fallback` for an empty interval.
-pub fn mean_level(
-    area_start: u128,
-    area_end: u128,
-    start: UnixNanos,
-    end: UnixNanos,
-    fallback: u32,
-) -> f64 {
-    if end <= start {
-        return fallback as f64;
-    }
-    area_end.saturating_sub(area_start) as f64 / (end - start) as f64
 }

@@ -159,7 +159,7 @@ impl MeteredBody {
 
 /// Feeds `data` through the scanner, drops usage-only events (`"choices": []` with usage), holds
 /// back an event that is not complete yet (it might be one), and returns the bytes to send now.
-fn strip_usage_events(
+pub(crate) fn strip_usage_events(
     scanner: &mut SseScanner,
     held: &mut BytesMut,
     data: &Bytes,
@@ -327,5 +327,83 @@ impl Body for MeteredBody {
             (Some(b), Reading::Json { .. } | Reading::Opaque) => b.size_hint(),
             _ => SizeHint::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture_body(name: &str) -> Vec<u8> {
+        let raw = std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/vllm")
+                .join(name),
+        )
+        .unwrap();
+        let start = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        raw[start..].to_vec()
+    }
+
+    fn strip_all(
+        body: &[u8],
+        pieces: impl Iterator<Item = std::ops::Range<usize>>,
+    ) -> (Vec<u8>, usize, usize) {
+        let mut scanner = SseScanner::default();
+        let mut held = BytesMut::new();
+        let mut out = Vec::new();
+        let mut usage_events = 0;
+        let mut choice_events = 0;
+        let mut max_held = 0;
+        for r in pieces {
+            let data = Bytes::copy_from_slice(&body[r]);
+            let sent = strip_usage_events(&mut scanner, &mut held, &data, |s| {
+                if s.usage.is_some() {
+                    usage_events += 1;
+                }
+                if s.choices > 0 {
+                    choice_events += 1;
+                }
+            });
+            out.extend_from_slice(&sent);
+            max_held = max_held.max(held.len());
+        }
+        out.extend_from_slice(&held);
+        assert!(max_held < 400, "held at most one event");
+        (out, usage_events, choice_events)
+    }
+
+    #[test]
+    fn usage_event_is_removed_for_every_split() {
+        let body = fixture_body("03_chat_stream_usage.http");
+        let text = String::from_utf8(body.clone()).unwrap();
+        let expected: String = text
+            .split_inclusive("\n\n")
+            .filter(|e| !e.contains("\"choices\":[]"))
+            .collect();
+        for size in 1..=body.len() {
+            let pieces = (0..body.len())
+                .step_by(size)
+                .map(|s| s..(s + size).min(body.len()));
+            let (out, usage, choices) = strip_all(&body, pieces);
+            assert_eq!(String::from_utf8(out).unwrap(), expected, "split {size}");
+            assert_eq!((usage, choices), (1, 6), "split {size}");
+        }
+    }
+
+    #[test]
+    fn whole_frames_pass_without_copy_and_comments_survive() {
+        let mut scanner = SseScanner::default();
+        let mut held = BytesMut::new();
+        let frame = Bytes::from_static(
+            b": keep-alive\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+        );
+        let out = strip_usage_events(&mut scanner, &mut held, &frame, |_| {});
+        assert_eq!(out.as_ptr(), frame.as_ptr(), "zero-copy pass-through");
+        let usage = Bytes::from_static(
+            b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n",
+        );
+        let out = strip_usage_events(&mut scanner, &mut held, &usage, |_| {});
+        assert_eq!(&out[..], b"data: [DONE]\n\n");
     }
 }

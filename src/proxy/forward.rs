@@ -319,7 +319,10 @@ fn respond_error(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    if err.status == StatusCode::PAYLOAD_TOO_LARGE || err.status == StatusCode::REQUEST_TIMEOUT {
+    if matches!(
+        err.status,
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT | StatusCode::BAD_REQUEST
+    ) {
         // The unread body may still be arriving: do not try to reuse this connection.
         r.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));

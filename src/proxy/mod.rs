@@ -32,7 +32,10 @@ pub use headers::strip_hop_by_hop;
 pub use tracker::{InFlight, Observer, RequestMeta, Tracker, TrackerShared};
 
 use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
+use crate::clock::{Clock, UnixNanos};
 use crate::config::{ServeArgs, ServeConfig};
+use crate::meter::{spawn_meter, stats_router, MeterHandle, StatsContext};
+use crate::record::RequestRecord;
 
 /// The body of every response the proxy sends.
 pub enum ProxyBody {
@@ -101,6 +104,7 @@ pub struct ProxyHandle {
     log: Option<Arc<AccessLogWriter>>,
     state: Arc<ProxyState>,
     counters: Arc<AccessLogCounters>,
+    meter: MeterHandle,
 }
 
 impl ProxyHandle {
@@ -117,6 +121,11 @@ impl ProxyHandle {
     /// Generation requests in flight now.
     pub fn in_flight(&self) -> u64 {
         self.state.trackers.in_flight.current()
+    }
+
+    /// The live meter behind `/stats`.
+    pub fn meter(&self) -> &MeterHandle {
+        &self.meter
     }
 
     /// Access-log counters (written, dropped, failed).
@@ -140,11 +149,10 @@ impl ProxyHandle {
     }
 }
 
-/// Starts a proxy with `config`; `observers` receive measurements beside the access log.
+/// Starts a proxy with `config`; `observers` receive measurements beside the meter and the log.
 pub async fn spawn(
     config: ServeConfig,
     mut observers: Vec<Arc<dyn Observer>>,
-    stats: Option<axum::Router>,
 ) -> anyhow::Result<ProxyHandle> {
     config.validate()?;
     let listener = TcpListener::bind(config.listen_addr()?)
@@ -159,6 +167,17 @@ pub async fn spawn(
         observers.push(Arc::new(sink));
         log = Some(Arc::new(writer));
     }
+    let meter = spawn_meter(config.meter.clone());
+    observers.push(Arc::new(meter.clone()));
+    let stats = stats_router(
+        meter.clone(),
+        StatsContext {
+            upstream: config.upstream.clone(),
+            bearer_token: config.stats_token.as_ref().map(|s| s.0.clone()),
+            access_log: counters.clone(),
+            started: Clock::global().now(),
+        },
+    );
     let upstream = config.upstream_uri()?;
     let authority = upstream
         .authority()
@@ -172,10 +191,12 @@ pub async fn spawn(
     let client = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_millis(config.timeouts.pool_idle_ms))
         .pool_timer(TokioTimer::new())
+        .http1_max_buf_size(64 * 1024)
         .build(connector);
     let mut admin_addr = None;
-    let mut main_stats = stats.clone();
-    if let (Some(a), Some(router)) = (&config.admin_listen, stats) {
+    let mut main_stats = Some(stats.clone());
+    if let Some(a) = &config.admin_listen {
+        let router = stats;
         let admin = TcpListener::bind(a.parse::<SocketAddr>()?)
             .await
             .with_context(|| format!("binding admin {a}"))?;
@@ -185,7 +206,10 @@ pub async fn spawn(
             let _ = axum::serve(admin, router).await;
         });
     }
-    let trackers = Arc::new(TrackerShared::new(observers, Duration::from_secs(300)));
+    let trackers = Arc::new(TrackerShared::new(
+        observers,
+        Duration::from_secs(config.meter.cold_start_idle_s),
+    ));
     let state = Arc::new(ProxyState {
         upstream_host: http::HeaderValue::from_str(authority.as_str())?,
         upstream_base,
@@ -204,6 +228,7 @@ pub async fn spawn(
         log,
         state,
         counters,
+        meter,
     })
 }
 
@@ -220,7 +245,9 @@ async fn accept_loop(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(cfg.timeouts.head_read_ms))
-        .max_buf_size(cfg.max_header_bytes)
+        .max_header_size(cfg.max_header_bytes)
+        // Also bounds what hyper queues for a client that stops reading (backpressure, not memory).
+        .max_buf_size(cfg.max_header_bytes.max(8192))
         .half_close(false)
         .keep_alive(true);
     loop {
@@ -268,11 +295,8 @@ async fn accept_loop(
     conns.abort_all();
     while conns.join_next().await.is_some() {}
     if let Some(log) = log {
-        let counters = log.counters();
-        if let Ok(writer) = Arc::try_unwrap(log) {
-            writer.close().await;
-        }
-        let (written, dropped, failed) = counters.get();
+        log.close().await;
+        let (written, dropped, failed) = log.counters().get();
         tracing::info!(written, dropped, failed, "access log closed");
     }
 }
@@ -285,7 +309,7 @@ pub async fn run_cli(args: ServeArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let upstream = config.upstream.clone();
-    let handle = spawn(config, Vec::new(), None).await?;
+    let handle = spawn(config, Vec::new()).await?;
     tracing::info!(upstream = %upstream, "listening on {}", handle.addr());
     if let Some(a) = handle.admin_addr() {
         tracing::info!("stats listening on {a}");
@@ -311,6 +335,22 @@ pub async fn wait_for_shutdown_signal(on_hup: impl Fn()) {
             _ = term.recv() => return,
             _ = int.recv() => return,
             _ = hup.recv() => on_hup(),
+        }
+    }
+}
+
+impl Observer for MeterHandle {
+    fn started(&self, id: u64, now: UnixNanos, user: &Arc<str>, model: Option<&Arc<str>>) {
+        MeterHandle::started(self, id, now, user.clone(), model.cloned());
+    }
+
+    fn tokens(&self, id: u64, now: UnixNanos, completion_tokens: u64) {
+        MeterHandle::tokens(self, id, now, completion_tokens);
+    }
+
+    fn finished(&self, now: UnixNanos, record: &Arc<RequestRecord>, metered: bool) {
+        if record.is_generation() {
+            MeterHandle::finished(self, now, record.clone(), metered);
         }
     }
 }

@@ -243,7 +243,7 @@ async fn serve_conn(
 }
 
 /// Closes a socket with RST instead of FIN.
-fn socket2_linger_zero(s: std::net::TcpStream) -> std::net::TcpStream {
+pub fn socket2_linger_zero(s: std::net::TcpStream) -> std::net::TcpStream {
     use std::os::fd::AsRawFd;
     let linger = libc_linger {
         l_onoff: 1,
@@ -449,9 +449,7 @@ impl TestProxy {
             ..Default::default()
         };
         tweak(&mut config);
-        let handle = tokenmeter::proxy::spawn(config, Vec::new(), None)
-            .await
-            .unwrap();
+        let handle = tokenmeter::proxy::spawn(config, Vec::new()).await.unwrap();
         let addr = handle.addr();
         TestProxy {
             handle: Some(handle),
@@ -500,4 +498,24 @@ impl TestProxy {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
     }
+}
+
+/// Validates `value` against the committed JSON Schema `schemas/<name>`.
+pub fn assert_schema(name: &str, value: &serde_json::Value) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("schemas")
+        .join(name);
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let validator = jsonschema::validator_for(&schema).expect("schema compiles");
+    let errors: Vec<String> = validator
+        .iter_errors(value)
+        .map(|e| format!("{} at {}", e, e.instance_path))
+        .collect();
+    assert!(errors.is_empty(), "{name}: {errors:?}\n{value}");
+}
+
+/// Drops a tokio stream with RST (SO_LINGER 0) instead of FIN.
+pub fn reset(stream: TcpStream) {
+    drop(socket2_linger_zero(stream.into_std().unwrap()));
 }

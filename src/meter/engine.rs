@@ -1,0 +1,267 @@
+//! [`Meter`]: the single-threaded accounting core. Time is always passed in.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::clock::{UnixNanos, NANOS_PER_SEC};
+use crate::record::RequestRecord;
+
+use super::capacity::{CapacityAccumulator, RequestLevel};
+use super::config::{MeterConfig, MAX_HORIZON_S};
+use super::prometheus::PromState;
+use super::scope::Scope;
+use super::timeline::{mean_level, second_of};
+
+/// Name of the scope that collects users beyond the cap and models beyond [`MAX_TRACKED_MODELS`].
+pub const OTHER: &str = "other";
+/// Model scope of requests that named no model.
+pub const UNKNOWN_MODEL: &str = "unknown";
+/// Models tracked individually (live view and metric labels); further ones fold into `"other"`.
+pub const MAX_TRACKED_MODELS: usize = 100;
+
+#[derive(Debug, Clone)]
+struct OpenRequest {
+    start_ns: UnixNanos,
+    user: Arc<str>,
+    model: Arc<str>,
+    attributed: f64,
+    area_start: u128,
+}
+
+/// The live accounting of generation requests: aggregate, per-user and per-model seconds,
+/// totals, the capacity curve and Prometheus counters.
+#[derive(Debug)]
+pub struct Meter {
+    pub(super) config: MeterConfig,
+    pub(super) origin: UnixNanos,
+    pub(super) aggregate: Scope,
+    pub(super) users: HashMap<Arc<str>, Scope>,
+    pub(super) users_folded: u64,
+    pub(super) models: HashMap<Arc<str>, Scope>,
+    open: HashMap<u64, OpenRequest>,
+    pub(super) capacity: CapacityAccumulator,
+    finalized_to: u64,
+    last_tick_sec: u64,
+    pub(super) prom: PromState,
+}
+
+/// The numeric id in a proxy request id of the form `tm-<prefix hex>-<id hex>`.
+pub fn id_from_request_id(request_id: &str) -> Option<u64> {
+    let tail = request_id.rsplit('-').next()?;
+    u64::from_str_radix(tail, 16).ok()
+}
+
+impl Meter {
+    /// A meter whose timeline starts at `origin`. Out-of-range settings are clamped (call
+    /// [`MeterConfig::validate`] first to reject them instead).
+    pub fn new(mut config: MeterConfig, origin: UnixNanos) -> Meter {
+        config.horizon_s = config.horizon_s.clamp(1, MAX_HORIZON_S);
+        let h = config.horizon_s;
+        config.windows_s.retain(|w| (1..=h).contains(w));
+        config.max_tracked_users = config.max_tracked_users.max(1);
+        let origin_sec = second_of(origin);
+        Meter {
+            prom: PromState::new(config.metrics_user_label, config.max_tracked_users),
+            config,
+            origin,
+            aggregate: Scope::new(origin),
+            users: HashMap::new(),
+            users_folded: 0,
+            models: HashMap::new(),
+            open: HashMap::new(),
+            capacity: CapacityAccumulator::new(),
+            finalized_to: origin_sec,
+            last_tick_sec: origin_sec,
+        }
+    }
+
+    /// The (clamped) settings in use.
+    pub fn config(&self) -> &MeterConfig {
+        &self.config
+    }
+
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> u32 {
+        self.aggregate.in_flight.level()
+    }
+
+    /// Oldest second kept at `now_sec`: the last `horizon_s` complete seconds plus the current
+    /// partial one, so a window as long as the horizon is still complete.
+    pub(super) fn floor(&self, now_sec: u64) -> u64 {
+        now_sec.saturating_sub(self.config.horizon_s)
+    }
+
+    /// Once per new second: integrate levels, feed final seconds to the capacity curve, evict
+    /// seconds beyond the horizon and expire idle users.
+    pub(super) fn tick(&mut self, now: UnixNanos) {
+        let now_sec = second_of(now);
+        if now_sec <= self.last_tick_sec {
+            return;
+        }
+        self.last_tick_sec = now_sec;
+        let floor = self.floor(now_sec);
+        self.aggregate.advance(now, floor);
+        // A second is final once no open request can still attribute tokens to it, or when it is
+        // about to leave the horizon.
+        let oldest_open = self
+            .open
+            .values()
+            .map(|o| second_of(o.start_ns))
+            .min()
+            .unwrap_or(now_sec);
+        let limit = now_sec.min(oldest_open).max(floor);
+        if limit > self.finalized_to {
+            for (_, b) in self.aggregate.ring.range(self.finalized_to, limit) {
+                self.capacity.add_second(b);
+            }
+            self.finalized_to = limit;
+        }
+        self.aggregate.ring.evict_before(floor);
+        let expiry = self.config.user_idle_expiry_s.saturating_mul(NANOS_PER_SEC);
+        self.users.retain(|_, s| {
+            s.in_flight.level() > 0 || now.saturating_sub(s.last_event_ns) <= expiry
+        });
+        for s in self.users.values_mut().chain(self.models.values_mut()) {
+            if s.in_flight.level() > 0 {
+                s.advance(now, floor);
+            }
+            s.ring.evict_before(floor);
+        }
+    }
+
+    fn user_key(&mut self, now: UnixNanos, user: &str) -> Arc<str> {
+        if let Some((k, _)) = self.users.get_key_value(user) {
+            return k.clone();
+        }
+        let tracked = self.users.len() - self.users.contains_key(OTHER) as usize;
+        let key: Arc<str> = if tracked < self.config.max_tracked_users {
+            Arc::from(user)
+        } else {
+            self.users_folded += 1;
+            if let Some((k, _)) = self.users.get_key_value(OTHER) {
+                return k.clone();
+            }
+            Arc::from(OTHER)
+        };
+        self.users.insert(key.clone(), Scope::new(now));
+        key
+    }
+
+    fn model_key(&mut self, now: UnixNanos, model: Option<&str>) -> Arc<str> {
+        let name = model.unwrap_or(UNKNOWN_MODEL);
+        if let Some((k, _)) = self.models.get_key_value(name) {
+            return k.clone();
+        }
+        let name = if self.models.len() < MAX_TRACKED_MODELS {
+            name
+        } else {
+            OTHER
+        };
+        if let Some((k, _)) = self.models.get_key_value(name) {
+            return k.clone();
+        }
+        let key: Arc<str> = Arc::from(name);
+        self.models.insert(key.clone(), Scope::new(now));
+        key
+    }
+
+    /// Generation request `id` of `user` for `model` arrived at `now` (a repeated id is ignored).
+    pub fn request_started(&mut self, now: UnixNanos, id: u64, user: &str, model: Option<&str>) {
+        if self.open.contains_key(&id) {
+            return;
+        }
+        self.tick(now);
+        let floor = self.floor(second_of(now));
+        let user = self.user_key(now, user);
+        let model = self.model_key(now, model);
+        self.aggregate.start(now, floor);
+        for s in [self.users.get_mut(&user), self.models.get_mut(&model)]
+            .into_iter()
+            .flatten()
+        {
+            s.start(now, floor);
+        }
+        let area_start = self.aggregate.in_flight.area_ns();
+        self.open.insert(
+            id,
+            OpenRequest {
+                start_ns: now,
+                user,
+                model,
+                attributed: 0.0,
+                area_start,
+            },
+        );
+    }
+
+    /// `delta` completion tokens of request `id` passed the proxy at `now` (unknown ids ignored).
+    pub fn tokens(&mut self, now: UnixNanos, id: u64, delta: u64) {
+        self.tick(now);
+        let floor = self.floor(second_of(now));
+        let Some(o) = self.open.get_mut(&id) else {
+            return;
+        };
+        let d = delta as f64;
+        o.attributed += d;
+        self.aggregate.tokens(now, d, floor);
+        if let Some(s) = self.users.get_mut(&o.user) {
+            s.tokens(now, d, floor);
+        }
+        if let Some(s) = self.models.get_mut(&o.model) {
+            s.tokens(now, d, floor);
+        }
+    }
+
+    /// A request finished at `now`; its open state is found by the id in `record.request_id`
+    /// (see [`id_from_request_id`]). Non-generation records are ignored.
+    pub fn request_finished(&mut self, now: UnixNanos, record: &RequestRecord) {
+        let id = id_from_request_id(&record.request_id);
+        self.request_finished_id(now, id, record)
+    }
+
+    /// A request finished at `now`; `id` is the id its start was reported with (`None`, or an id
+    /// never started, accounts the record without changing the in-flight level).
+    pub fn request_finished_id(&mut self, now: UnixNanos, id: Option<u64>, record: &RequestRecord) {
+        // Tick before removing the request: its seconds must not be finalized for the capacity
+        // curve before its tokens are attributed to them.
+        self.tick(now);
+        let open = id.and_then(|id| self.open.remove(&id));
+        if !record.is_generation() && open.is_none() {
+            return;
+        }
+        let floor = self.floor(second_of(now));
+        let (user, model, attributed, started) = match &open {
+            Some(o) => (o.user.clone(), o.model.clone(), o.attributed, true),
+            None => {
+                let u = self.user_key(now, &record.user);
+                (u, self.model_key(now, record.model.as_deref()), 0.0, false)
+            }
+        };
+        self.aggregate
+            .finish(now, record, attributed, started, floor);
+        for s in [self.users.get_mut(&user), self.models.get_mut(&model)]
+            .into_iter()
+            .flatten()
+        {
+            s.finish(now, record, attributed, started, floor);
+        }
+        let level = match &open {
+            Some(o) => mean_level(
+                o.area_start,
+                self.aggregate.in_flight.area_ns(),
+                o.start_ns,
+                now,
+                record.in_flight_at_start,
+            ),
+            None => record.in_flight_at_start as f64,
+        };
+        self.capacity.add_request(&RequestLevel {
+            level: level.round() as u32,
+            tok_s: record.tok_s,
+            ttft_ms: record.ttft_ms,
+            in_flight_at_start: record.in_flight_at_start,
+            cold_start: record.cold_start,
+        });
+        self.prom.add_record(record);
+    }
+}

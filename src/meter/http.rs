@@ -1,0 +1,176 @@
+//! `GET /stats` (JSON) and `GET /stats/metrics` (Prometheus text), optionally behind a bearer token.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use sha2::{Digest, Sha256};
+
+use crate::access_log::AccessLogCounters;
+use crate::clock::{Clock, UnixNanos, NANOS_PER_SEC};
+
+use super::live::MeterHandle;
+use super::prometheus::render_access_log;
+use super::snapshot::{SnapshotError, SnapshotQuery};
+
+/// What the stats endpoints need besides the meter.
+#[derive(Debug, Clone)]
+pub struct StatsContext {
+    /// The upstream base URL, shown in `/stats`.
+    pub upstream: String,
+    /// When set, requests must carry `Authorization: Bearer <token>`.
+    pub bearer_token: Option<String>,
+    /// The access-log writer's counters.
+    pub access_log: Arc<AccessLogCounters>,
+    /// Process start, for `uptime_s`.
+    pub started: UnixNanos,
+}
+
+struct AppState {
+    handle: MeterHandle,
+    ctx: StatsContext,
+    token_digest: Option<[u8; 32]>,
+}
+
+/// The router serving `/stats` and `/stats/metrics`.
+pub fn stats_router(handle: MeterHandle, ctx: StatsContext) -> Router {
+    let token_digest = ctx
+        .bearer_token
+        .as_deref()
+        .map(|t| Sha256::digest(t.as_bytes()).into());
+    let state = Arc::new(AppState {
+        handle,
+        ctx,
+        token_digest,
+    });
+    Router::new()
+        .route("/stats", get(stats))
+        .route("/stats/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// An OpenAI-shaped error response.
+fn error(
+    status: StatusCode,
+    message: &str,
+    kind: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Response {
+    let body = serde_json::json!({
+        "error": { "message": message, "type": kind, "param": param, "code": code }
+    });
+    (status, Json(body)).into_response()
+}
+
+/// Checks the bearer token, comparing SHA-256 digests in constant time (the length of the
+/// presented token does not shorten the comparison either).
+fn authorized(state: &AppState, headers: &HeaderMap) -> bool {
+    let Some(want) = &state.token_digest else {
+        return true;
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let got: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+    let diff = got
+        .iter()
+        .zip(want.iter())
+        .fold(0u8, |d, (a, b)| d | (a ^ b));
+    diff == 0 && !presented.is_empty()
+}
+
+fn unauthorized() -> Response {
+    error(
+        StatusCode::UNAUTHORIZED,
+        "missing or invalid bearer token for the stats endpoints",
+        "invalid_request_error",
+        None,
+        Some("invalid_api_key"),
+    )
+}
+
+/// Parses `?user=&window=`; the error is (message, offending parameter).
+fn parse_query(uri: &Uri) -> Result<SnapshotQuery, (String, Option<String>)> {
+    let Query(pairs) = Query::<Vec<(String, String)>>::try_from_uri(uri)
+        .map_err(|e| (format!("malformed query string: {e}"), None))?;
+    let mut q = SnapshotQuery::default();
+    for (k, v) in pairs {
+        let slot = match k.as_str() {
+            "user" => &mut q.user,
+            "window" => &mut q.window,
+            _ => {
+                let msg = format!("unknown query parameter {k:?}; expected user, window");
+                return Err((msg, Some(k)));
+            }
+        };
+        if slot.replace(v).is_some() {
+            return Err((format!("query parameter {k:?} given twice"), Some(k)));
+        }
+    }
+    Ok(q)
+}
+
+async fn stats(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: Uri) -> Response {
+    if !authorized(&state, &headers) {
+        return unauthorized();
+    }
+    let query = match parse_query(&uri) {
+        Ok(q) => q,
+        Err((msg, param)) => {
+            let kind = "invalid_request_error";
+            return error(StatusCode::BAD_REQUEST, &msg, kind, param.as_deref(), None);
+        }
+    };
+    let now = Clock::global().now();
+    let ctx = &state.ctx;
+    match state
+        .handle
+        .snapshot(now, query, &ctx.upstream, &ctx.access_log)
+        .await
+    {
+        Ok(mut snap) => {
+            snap.uptime_s = now.saturating_sub(ctx.started) as f64 / NANOS_PER_SEC as f64;
+            Json(snap).into_response()
+        }
+        Err(e @ SnapshotError::UnknownWindow { .. }) => error(
+            StatusCode::BAD_REQUEST,
+            &e.to_string(),
+            "invalid_request_error",
+            Some("window"),
+            None,
+        ),
+        Err(e) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &e.to_string(),
+            "server_error",
+            None,
+            None,
+        ),
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if !authorized(&state, &headers) {
+        return unauthorized();
+    }
+    let mut text = state.handle.prometheus(Clock::global().now()).await;
+    render_access_log(
+        &mut text,
+        state.ctx.access_log.dropped.load(Ordering::Relaxed),
+    );
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}

@@ -1,0 +1,179 @@
+//! The live shell: one tokio task owns the [`Meter`]; the data path sends it events through an
+//! unbounded channel and never waits.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::access_log::AccessLogCounters;
+use crate::clock::{Clock, UnixNanos};
+use crate::record::RequestRecord;
+
+use super::config::MeterConfig;
+use super::engine::Meter;
+use super::snapshot::{AccessLogView, SnapshotError, SnapshotQuery, StatsSnapshot};
+
+enum Event {
+    Start {
+        now: UnixNanos,
+        id: u64,
+        user: Arc<str>,
+        model: Option<Arc<str>>,
+    },
+    Tokens {
+        now: UnixNanos,
+        id: u64,
+        delta: u64,
+    },
+    Finish {
+        now: UnixNanos,
+        record: Arc<RequestRecord>,
+    },
+    // Boxed: rare, and it would otherwise widen every channel slot.
+    Snapshot(Box<SnapshotRequest>),
+    Prometheus {
+        now: UnixNanos,
+        reply: oneshot::Sender<String>,
+    },
+}
+
+struct SnapshotRequest {
+    now: UnixNanos,
+    query: SnapshotQuery,
+    reply: oneshot::Sender<Result<StatsSnapshot, SnapshotError>>,
+}
+
+/// A cheap, cloneable handle to the meter task. Sending never blocks, locks or logs; events sent
+/// after the task ended are dropped.
+#[derive(Clone, Debug)]
+pub struct MeterHandle {
+    tx: mpsc::UnboundedSender<Event>,
+    in_flight: Arc<AtomicI64>,
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("meter event")
+    }
+}
+
+/// Starts the meter task on the current tokio runtime (call it inside one), its timeline
+/// starting now. Validate the config first ([`MeterConfig::validate`]); bad values are clamped.
+pub fn spawn_meter(config: MeterConfig) -> MeterHandle {
+    spawn_meter_at(config, Clock::global().now())
+}
+
+/// Starts the meter task with its timeline starting at `origin` (tests inject time this way).
+pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut meter = Meter::new(config, origin);
+    tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                Event::Start {
+                    now,
+                    id,
+                    user,
+                    model,
+                } => meter.request_started(now, id, &user, model.as_deref()),
+                Event::Tokens { now, id, delta } => meter.tokens(now, id, delta),
+                Event::Finish { now, record } => meter.request_finished(now, &record),
+                Event::Snapshot(req) => {
+                    let _ = req.reply.send(meter.snapshot(req.now, &req.query));
+                }
+                Event::Prometheus { now, reply } => {
+                    let _ = reply.send(meter.prometheus(now));
+                }
+            }
+        }
+    });
+    MeterHandle {
+        tx,
+        in_flight: Arc::new(AtomicI64::new(0)),
+    }
+}
+
+impl MeterHandle {
+    /// Generation request `id` of `user` for `model` arrived at `now`.
+    pub fn started(&self, id: u64, now: UnixNanos, user: Arc<str>, model: Option<Arc<str>>) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        let _ = self.tx.send(Event::Start {
+            now,
+            id,
+            user,
+            model,
+        });
+    }
+
+    /// `delta` completion tokens of request `id` passed the proxy at `now`.
+    pub fn tokens(&self, id: u64, now: UnixNanos, delta: u64) {
+        let _ = self.tx.send(Event::Tokens { now, id, delta });
+    }
+
+    /// A request finished at `now`; `was_started` says whether [`MeterHandle::started`] was called
+    /// for it (only then does the in-flight count drop). The request's id is read from
+    /// `record.request_id` (`tm-<prefix>-<id hex>`).
+    pub fn finished(
+        &self,
+        now: UnixNanos,
+        record: impl Into<Arc<RequestRecord>>,
+        was_started: bool,
+    ) {
+        if was_started {
+            self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+        let _ = self.tx.send(Event::Finish {
+            now,
+            record: record.into(),
+        });
+    }
+
+    /// Requests started and not yet finished, as counted by this handle's callers.
+    pub fn in_flight(&self) -> i64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// The `/stats` document at `now`, with `upstream` and the access-log counters filled in.
+    pub async fn snapshot(
+        &self,
+        now: UnixNanos,
+        query: SnapshotQuery,
+        upstream: &str,
+        access_log: &AccessLogCounters,
+    ) -> Result<StatsSnapshot, SnapshotError> {
+        let (reply, rx) = oneshot::channel();
+        let req = Box::new(SnapshotRequest { now, query, reply });
+        self.tx
+            .send(Event::Snapshot(req))
+            .map_err(|_| SnapshotError::Stopped)?;
+        let mut snap = rx.await.map_err(|_| SnapshotError::Stopped)??;
+        snap.upstream = upstream.to_string();
+        snap.access_log = AccessLogView::read(access_log);
+        Ok(snap)
+    }
+
+    /// Prometheus exposition at `now` (empty when the meter task is gone).
+    pub async fn prometheus(&self, now: UnixNanos) -> String {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Event::Prometheus { now, reply }).is_err() {
+            return String::new();
+        }
+        rx.await.unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_stay_small() {
+        // Every channel slot is as large as the largest event; keep it at a start's size.
+        assert!(
+            std::mem::size_of::<Event>() <= 56,
+            "{}",
+            std::mem::size_of::<Event>()
+        );
+    }
+}

@@ -1,0 +1,93 @@
+//! Building the `/stats` snapshot from the [`Meter`]: O(scopes x buckets), never O(requests).
+
+use std::collections::BTreeMap;
+
+use crate::clock::{UnixNanos, NANOS_PER_SEC};
+
+use super::engine::Meter;
+use super::scope::Scope;
+use super::snapshot::{
+    AccessLogView, ScopeView, SnapshotError, SnapshotQuery, StatsSnapshot, Windows, STATS_SCHEMA,
+};
+use super::timeline::second_of;
+use super::window::window_stats;
+
+impl Meter {
+    /// The `/stats` document at `now`. `upstream` is empty and `access_log` zero: the caller fills them.
+    pub fn snapshot(
+        &mut self,
+        now: UnixNanos,
+        query: &SnapshotQuery,
+    ) -> Result<StatsSnapshot, SnapshotError> {
+        let windows: Vec<(String, u64)> = self
+            .config
+            .windows_s
+            .iter()
+            .map(|w| (format!("{w}s"), *w))
+            .filter(|(name, _)| query.window.as_ref().map_or(true, |q| q == name))
+            .collect();
+        if let (Some(q), true) = (&query.window, windows.is_empty()) {
+            return Err(SnapshotError::UnknownWindow {
+                requested: q.clone(),
+                known: self.config.window_names().join(", "),
+            });
+        }
+        self.tick(now);
+        let now_sec = second_of(now);
+        let floor = self.floor(now_sec);
+        // The meter's first (partial) second counts as covered: nothing was in flight before it.
+        let earliest = second_of(self.origin).max(floor);
+        let view = |s: &mut Scope| {
+            s.advance(now, floor);
+            let ws = windows
+                .iter()
+                .map(|(name, len)| (name.clone(), window_stats(&s.ring, now_sec, *len, earliest)))
+                .collect();
+            let idle_s = if s.in_flight.level() > 0 {
+                0.0
+            } else {
+                now.saturating_sub(s.last_event_ns) as f64 / NANOS_PER_SEC as f64
+            };
+            ScopeView {
+                totals: s.totals,
+                windows: Windows(ws),
+                in_flight: s.in_flight.level(),
+                idle_s,
+            }
+        };
+        let agg = view(&mut self.aggregate);
+        let users: BTreeMap<String, ScopeView> = self
+            .users
+            .iter_mut()
+            .filter(|(k, _)| query.user.as_deref().map_or(true, |u| u == &***k))
+            .map(|(k, s)| (k.to_string(), view(s)))
+            .collect();
+        let models = self
+            .models
+            .iter_mut()
+            .map(|(k, s)| (k.to_string(), view(s)))
+            .collect();
+        Ok(StatsSnapshot {
+            schema: STATS_SCHEMA,
+            uptime_s: now.saturating_sub(self.origin) as f64 / NANOS_PER_SEC as f64,
+            upstream: String::new(),
+            in_flight: agg.in_flight,
+            totals: agg.totals,
+            windows: agg.windows,
+            users,
+            users_folded: self.users_folded,
+            models,
+            capacity: self.capacity.rows(),
+            access_log: AccessLogView::default(),
+        })
+    }
+}
+
+impl Meter {
+    /// Prometheus exposition of the meter's counters at `now` (without the access-log counter,
+    /// which [`super::prometheus::render_access_log`] appends).
+    pub fn prometheus(&mut self, now: UnixNanos) -> String {
+        self.tick(now);
+        self.prom.render(self.in_flight())
+    }
+}

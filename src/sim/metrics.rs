@@ -1,0 +1,353 @@
+//! Ground-truth counters, vLLM-named histograms, the per-second token ring and the Prometheus text.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+/// TTFT histogram bounds, seconds (vLLM 0.32's).
+pub const TTFT_BOUNDS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/// Inter-token latency histogram bounds, seconds (vLLM 0.32's).
+pub const ITL_BOUNDS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+/// Request-latency histogram bounds (e2e, queue), seconds (vLLM 0.32's).
+pub const REQUEST_BOUNDS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// A cumulative-on-render histogram in seconds.
+#[derive(Debug, Clone)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum_s: f64,
+    count: u64,
+}
+
+impl Histogram {
+    /// An empty histogram over `bounds` (ascending, +Inf implied).
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum_s: 0.0,
+            count: 0,
+        }
+    }
+
+    /// Adds `n` observations of `value_s` seconds.
+    pub fn observe_n(&mut self, value_s: f64, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let i = self
+            .bounds
+            .iter()
+            .position(|b| value_s <= *b)
+            .unwrap_or(self.bounds.len());
+        self.counts[i] += n;
+        self.sum_s += value_s * n as f64;
+        self.count += n;
+    }
+
+    /// Number of observations.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+}
+
+/// Finish reasons as vLLM labels them in `vllm:request_success_total`.
+pub const FINISH_LABELS: [&str; 5] = ["stop", "length", "abort", "error", "repetition"];
+
+/// Everything behind a lock that the engine updates once per step (never per token).
+#[derive(Debug)]
+pub struct Locked {
+    /// `vllm:time_to_first_token_seconds`: arrival → first token, per request.
+    pub ttft: Histogram,
+    /// `vllm:inter_token_latency_seconds`: gap between consecutive tokens of a sequence.
+    pub itl: Histogram,
+    /// `vllm:e2e_request_latency_seconds`: arrival → last token, per finished request.
+    pub e2e: Histogram,
+    /// `vllm:request_queue_time_seconds`: arrival → start of the step that admitted it.
+    pub queue: Histogram,
+    /// Finished requests by [`FINISH_LABELS`] index.
+    pub finished_by_reason: [u64; 5],
+}
+
+/// Shared live statistics: atomics for the gauges and counters, one lock for the rest.
+#[derive(Debug)]
+pub struct Stats {
+    /// Tokens generated (including those of aborted requests).
+    pub generation_tokens_total: AtomicU64,
+    /// Prompt tokens prefilled.
+    pub prompt_tokens_total: AtomicU64,
+    /// Sequences in the running batch.
+    pub running: AtomicU64,
+    /// Requests in the engine's queue waiting for a slot (n > 1 counts as one request).
+    pub waiting: AtomicU64,
+    /// Requests accepted by the HTTP side but not yet taken in by the engine (it drains its input
+    /// at step boundaries); they are waiting too.
+    pub inflight: AtomicU64,
+    /// Requests finished normally (stop or length).
+    pub finished: AtomicU64,
+    /// Requests aborted by the client disconnecting.
+    pub aborted: AtomicU64,
+    /// Tokens held in the KV cache by running sequences (prompt + generated).
+    pub kv_tokens: AtomicU64,
+    /// Decode steps executed.
+    pub steps: AtomicU64,
+    /// Largest step lag (actual wake − scheduled deadline), nanoseconds.
+    pub lag_max_ns: AtomicU64,
+    /// Sum of step lags, nanoseconds.
+    pub lag_sum_ns: AtomicU64,
+    /// Steps that re-anchored the schedule because they woke too late.
+    pub resyncs: AtomicU64,
+    /// Total time lost to those late wakes, nanoseconds.
+    pub slip_ns: AtomicU64,
+    /// Histograms and finish reasons.
+    pub locked: Mutex<Locked>,
+    /// Per-second ground truth, lock-free: each slot packs `(unix_second << 32) | tokens`.
+    ring: Vec<AtomicU64>,
+}
+
+impl Stats {
+    /// Fresh statistics keeping `window_s` seconds of per-second ground truth.
+    pub fn new(window_s: u64) -> Self {
+        let z = || AtomicU64::new(0);
+        Stats {
+            generation_tokens_total: z(),
+            prompt_tokens_total: z(),
+            running: z(),
+            waiting: z(),
+            inflight: z(),
+            finished: z(),
+            aborted: z(),
+            kv_tokens: z(),
+            steps: z(),
+            lag_max_ns: z(),
+            lag_sum_ns: z(),
+            resyncs: z(),
+            slip_ns: z(),
+            locked: Mutex::new(Locked {
+                ttft: Histogram::new(TTFT_BOUNDS),
+                itl: Histogram::new(ITL_BOUNDS),
+                e2e: Histogram::new(REQUEST_BOUNDS),
+                queue: Histogram::new(REQUEST_BOUNDS),
+                finished_by_reason: [0; 5],
+            }),
+            ring: (0..window_s.max(1))
+                .map(|_| AtomicU64::new(u64::MAX))
+                .collect(),
+        }
+    }
+
+    /// All waiting requests: queued in the engine or handed over but not yet drained.
+    pub fn waiting_total(&self) -> u64 {
+        self.waiting.load(Relaxed) + self.inflight.load(Relaxed)
+    }
+
+    /// Records one step's lag.
+    pub fn record_lag(&self, lag_ns: u64) {
+        self.steps.fetch_add(1, Relaxed);
+        self.lag_sum_ns.fetch_add(lag_ns, Relaxed);
+        self.lag_max_ns.fetch_max(lag_ns, Relaxed);
+    }
+
+    /// Records a re-anchoring of the schedule after a wake `lag_ns` late.
+    pub fn record_slip(&self, lag_ns: u64) {
+        self.resyncs.fetch_add(1, Relaxed);
+        self.slip_ns.fetch_add(lag_ns, Relaxed);
+    }
+
+    /// Adds `tokens` to the generated total and to the ring slot of wall second `unix_s`.
+    pub fn record_generated(&self, unix_s: u64, tokens: u64) {
+        if tokens == 0 {
+            return;
+        }
+        self.generation_tokens_total.fetch_add(tokens, Relaxed);
+        let slot = &self.ring[(unix_s % self.ring.len() as u64) as usize];
+        let sec = unix_s & 0xffff_ffff;
+        let mut cur = slot.load(Relaxed);
+        loop {
+            // A slot holding an older second restarts at 0 for this one; counts saturate at 2^32 − 1.
+            let count = if cur >> 32 == sec {
+                cur & 0xffff_ffff
+            } else {
+                0
+            };
+            let next = (sec << 32) | (count + tokens).min(0xffff_ffff);
+            match slot.compare_exchange_weak(cur, next, Relaxed, Relaxed) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Tokens generated in wall seconds `[from_s, to_s)` still held by the ring.
+    pub fn generated_in(&self, from_s: u64, to_s: u64) -> u64 {
+        self.ring
+            .iter()
+            .map(|slot| slot.load(Relaxed))
+            .filter(|v| *v != u64::MAX && (v >> 32) >= from_s && (v >> 32) < to_s)
+            .map(|v| v & 0xffff_ffff)
+            .sum()
+    }
+
+    /// The locked part; a poisoned lock still yields its data (counters stay usable).
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Locked> {
+        self.locked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Renders `/metrics` in Prometheus text format with vLLM's names, help texts and labels.
+pub fn render(stats: &Stats, model: &str, kv_capacity: u64) -> String {
+    let mut out = String::with_capacity(8192);
+    let labels = format!("engine=\"0\",model_name=\"{}\"", escape_label(model));
+    let g = |out: &mut String, name: &str, help: &str, kind: &str, v: f64| {
+        let _ = write!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {}\n",
+            fmt_f(v)
+        );
+    };
+    g(
+        &mut out,
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        "gauge",
+        stats.running.load(Relaxed) as f64,
+    );
+    g(
+        &mut out,
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        "gauge",
+        stats.waiting_total() as f64,
+    );
+    let kv = stats.kv_tokens.load(Relaxed) as f64 / kv_capacity.max(1) as f64;
+    g(
+        &mut out,
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage.",
+        "gauge",
+        kv.min(1.0),
+    );
+    g(
+        &mut out,
+        "vllm:prompt_tokens_total",
+        "Number of prefill tokens processed.",
+        "counter",
+        stats.prompt_tokens_total.load(Relaxed) as f64,
+    );
+    g(
+        &mut out,
+        "vllm:generation_tokens_total",
+        "Number of generation tokens processed.",
+        "counter",
+        stats.generation_tokens_total.load(Relaxed) as f64,
+    );
+    let l = stats.lock();
+    out.push_str("# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter\n");
+    for (i, reason) in FINISH_LABELS.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "vllm:request_success_total{{engine=\"0\",finished_reason=\"{reason}\",model_name=\"{}\"}} {}",
+            escape_label(model),
+            fmt_f(l.finished_by_reason[i] as f64)
+        );
+    }
+    let hists: [(&str, &str, &Histogram); 4] = [
+        (
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            &l.ttft,
+        ),
+        (
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            &l.itl,
+        ),
+        (
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            &l.e2e,
+        ),
+        (
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            &l.queue,
+        ),
+    ];
+    for (name, help, h) in hists {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0;
+        for (i, c) in h.counts.iter().enumerate() {
+            cum += c;
+            let le = h
+                .bounds
+                .get(i)
+                .map(|b| fmt_f(*b))
+                .unwrap_or_else(|| "+Inf".to_string());
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{engine=\"0\",le=\"{le}\",model_name=\"{}\"}} {}",
+                escape_label(model),
+                fmt_f(cum as f64)
+            );
+        }
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", fmt_f(h.count as f64));
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_s);
+    }
+    out
+}
+
+/// Formats like Python's float repr for the values we emit (`8.0`, `0.25`, `1e-05` is never needed).
+fn fmt_f(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.1}")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Escapes a Prometheus label value.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_sums_by_second_and_forgets_old_seconds() {
+        let s = Stats::new(10);
+        s.record_generated(100, 5);
+        s.record_generated(101, 7);
+        s.record_generated(101, 1);
+        assert_eq!(s.generated_in(100, 102), 13);
+        assert_eq!(s.generated_in(101, 102), 8);
+        s.record_generated(110, 2); // same slot as 100: overwrites it
+        assert_eq!(s.generated_in(100, 101), 0);
+        assert_eq!(s.generated_in(0, 200), 10);
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative_in_text() {
+        let s = Stats::new(1);
+        s.lock().ttft.observe_n(0.03, 2);
+        let text = render(&s, "m", 1);
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.02\",model_name=\"m\"} 0.0"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.04\",model_name=\"m\"} 2.0"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"m\"} 2.0"));
+        assert!(text
+            .contains("vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"m\"} 2.0"));
+    }
+}

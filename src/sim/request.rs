@@ -1,0 +1,319 @@
+//! Request parsing and validation with vLLM 0.32's error statuses, types and messages.
+
+use serde_json::{Map, Value};
+
+use super::config::SimConfig;
+use super::prompt;
+
+/// Which generation endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// POST /v1/chat/completions.
+    Chat,
+    /// POST /v1/completions.
+    Completions,
+}
+
+/// A validated generation request.
+#[derive(Debug, Clone)]
+pub struct GenRequest {
+    /// Which endpoint it came to.
+    pub endpoint: Endpoint,
+    /// Streamed (SSE) or one JSON response.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// `stream_options.continuous_usage_stats` (only with include_usage, as vLLM).
+    pub continuous_usage: bool,
+    /// Number of choices.
+    pub n: u32,
+    /// Estimated prompt tokens (see [`prompt`]).
+    pub prompt_tokens: u64,
+    /// Output limit per choice.
+    pub max_tokens: u64,
+    /// Per choice: stop rule position (`None` = runs to max_tokens).
+    pub stop_after: Vec<Option<u64>>,
+}
+
+/// An error response: status and the JSON body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: u16,
+    /// JSON body text.
+    pub body: String,
+}
+
+/// vLLM's `{"error":{message,type,param,code}}` body.
+pub fn error(status: u16, kind: &str, message: &str, param: Option<&str>) -> ApiError {
+    let body = serde_json::json!({
+        "error": {"message": message, "type": kind, "param": param, "code": status}
+    });
+    ApiError {
+        status,
+        body: body.to_string(),
+    }
+}
+
+fn bad(message: &str, param: Option<&str>) -> ApiError {
+    error(400, "BadRequestError", message, param)
+}
+
+/// A pydantic-style validation error (type "Bad Request").
+fn validation(kind: &str, loc: &str, msg: &str, input: &str, ctx: &str) -> ApiError {
+    let message = format!("1 validation error:\n  {{'type': '{kind}', 'loc': '{loc}', 'msg': '{msg}', 'input': {input}{ctx}}}");
+    error(400, "Bad Request", &message, Some(loc))
+}
+
+/// Python-repr-like rendering of a JSON value for validation messages.
+fn py_repr(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'")),
+        Value::Null => "None".to_string(),
+        Value::Bool(b) => if *b { "True" } else { "False" }.to_string(),
+        Value::Object(m) => format!("'<dict of {} items>'", m.len()),
+        other => other.to_string(),
+    }
+}
+
+/// True for `application/json` (any parameters, any case).
+pub fn is_json_content_type(ct: Option<&str>) -> bool {
+    ct.and_then(|c| c.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// The byte offset Python's JSON decoder would report for a serde_json error.
+fn json_error_pos(body: &[u8], e: &serde_json::Error) -> usize {
+    let line_start: usize = body
+        .split(|b| *b == b'\n')
+        .take(e.line().saturating_sub(1))
+        .map(|l| l.len() + 1)
+        .sum();
+    (line_start + e.column()).min(body.len())
+}
+
+/// Parses and validates a generation request body against `cfg`, in vLLM's order of checks.
+pub fn parse(
+    endpoint: Endpoint,
+    content_type: Option<&str>,
+    body: &[u8],
+    cfg: &SimConfig,
+) -> Result<GenRequest, ApiError> {
+    if !is_json_content_type(content_type) {
+        return Err(error(
+            400,
+            "Bad Request",
+            "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
+            None,
+        ));
+    }
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        let loc = format!("body.{}", json_error_pos(body, &e));
+        validation(
+            "json_invalid",
+            &loc,
+            "JSON decode error",
+            "'<dict of 0 items>'",
+            ", 'ctx': {'error': 'Expecting value'}",
+        )
+    })?;
+    let Value::Object(obj) = &v else {
+        return Err(validation(
+            "model_attributes_type",
+            "body",
+            "Input should be a valid dictionary or object to extract fields from",
+            &py_repr(&v),
+            "",
+        ));
+    };
+    let (texts, prompt_tokens) = match endpoint {
+        Endpoint::Chat => chat_prompt(obj)?,
+        Endpoint::Completions => completion_prompt(obj)?,
+    };
+    let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let opts = obj.get("stream_options").filter(|o| !o.is_null());
+    if opts.is_some() && !stream {
+        return Err(bad(
+            "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
+            Some("stream_options"),
+        ));
+    }
+    let flag = |k: &str| {
+        opts.and_then(|o| o.get(k))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    };
+    let include_usage = flag("include_usage");
+    let continuous_usage = include_usage && flag("continuous_usage_stats");
+
+    match obj.get("model") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(m)) if *m == cfg.served_model_name => {}
+        Some(other) => {
+            let name = other
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| other.to_string());
+            let msg = format!(
+                "The model `{name}` does not exist. Valid aliases: {}.",
+                cfg.served_model_name
+            );
+            return Err(error(404, "NotFoundError", &msg, Some("model")));
+        }
+    }
+    if endpoint == Endpoint::Chat && texts.is_empty() {
+        return Err(bad(
+            "Cannot apply chat template to an empty conversation. Provide at least one message.",
+            None,
+        ));
+    }
+    let n = match obj.get("n") {
+        None | Some(Value::Null) => 1,
+        Some(v) => v.as_i64().unwrap_or(0),
+    };
+    if n < 1 {
+        return Err(bad(
+            &format!("n must be at least 1, got {n}. (parameter=n, value={n})"),
+            Some("n"),
+        ));
+    }
+    if n > i64::from(cfg.max_num_seqs) {
+        let msg = format!(
+            "n={n} exceeds max_num_seqs={} of this simulator. (parameter=n, value={n})",
+            cfg.max_num_seqs
+        );
+        return Err(bad(&msg, Some("n")));
+    }
+    let max_field = ["max_completion_tokens", "max_tokens"]
+        .into_iter()
+        .find_map(|k| obj.get(k).filter(|v| !v.is_null()));
+    let requested = match max_field {
+        None => None,
+        Some(v) => match v.as_i64() {
+            Some(m) if m >= 1 => Some(m as u64),
+            _ => {
+                let shown = v.to_string();
+                let msg = format!("max_tokens must be at least 1, got {shown}. (parameter=max_tokens, value={shown})");
+                return Err(bad(&msg, Some("max_tokens")));
+            }
+        },
+    };
+    if let Some(t) = obj.get("temperature").and_then(Value::as_f64) {
+        if t < 0.0 {
+            let shown = format!("{t:?}");
+            let msg = format!("temperature must be non-negative, got {shown}. (parameter=temperature, value={shown})");
+            return Err(bad(&msg, Some("temperature")));
+        }
+    }
+    let len = cfg.max_model_len;
+    if let Some(m) = requested {
+        if m > len {
+            let msg = format!("max_tokens={m} cannot be greater than max_model_len={len}. Please request fewer output tokens. (parameter=max_tokens, value={m})");
+            return Err(bad(&msg, Some("max_tokens")));
+        }
+    }
+    if prompt_tokens > len {
+        let over = len + 1;
+        let msg = format!("This model's maximum context length is {len} tokens. However, your prompt contains at least {over} input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value={over})");
+        return Err(bad(&msg, Some("input_tokens")));
+    }
+    let room = len - prompt_tokens;
+    let max_tokens = match requested {
+        Some(m) if m > room => {
+            let msg = format!("'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum context length is {len} tokens and your request has {prompt_tokens} input tokens ({m} > {len} - {prompt_tokens}). (parameter=max_tokens, value={m})");
+            return Err(bad(&msg, Some("max_tokens")));
+        }
+        Some(m) => m,
+        None if room == 0 => {
+            let msg = format!("This model's maximum context length is {len} tokens and your request has {prompt_tokens} input tokens, leaving no room for output. (parameter=input_tokens, value={prompt_tokens})");
+            return Err(bad(&msg, Some("input_tokens")));
+        }
+        None => room,
+    };
+    let ignore_eos = obj
+        .get("ignore_eos")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let seed = obj.get("seed").and_then(Value::as_i64).unwrap_or(0) as u64;
+    let hash = texts.iter().fold(prompt::FNV_OFFSET, |h, t| {
+        prompt::fnv1a(t.as_bytes(), prompt::fnv1a(b"\x1f", h))
+    });
+    let p = if ignore_eos {
+        0.0
+    } else {
+        cfg.stop_probability_per_token
+    };
+    let stop_after = (0..n as u32)
+        .map(|c| prompt::stop_after_tokens(hash, seed, c, p))
+        .collect();
+    Ok(GenRequest {
+        endpoint,
+        stream,
+        include_usage,
+        continuous_usage,
+        n: n as u32,
+        prompt_tokens,
+        max_tokens,
+        stop_after,
+    })
+}
+
+fn missing(obj: &Map<String, Value>, field: &str) -> ApiError {
+    let input = format!("'<dict of {} items>'", obj.len());
+    validation(
+        "missing",
+        &format!("body.{field}"),
+        "Field required",
+        &input,
+        "",
+    )
+}
+
+/// Message texts and the chat prompt-token estimate.
+fn chat_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError> {
+    let msgs = match obj.get("messages") {
+        None => return Err(missing(obj, "messages")),
+        Some(Value::Array(a)) => a,
+        Some(other) => {
+            return Err(validation(
+                "list_type",
+                "body.messages",
+                "Input should be a valid list",
+                &py_repr(other),
+                "",
+            ))
+        }
+    };
+    let mut texts = Vec::with_capacity(msgs.len());
+    for m in msgs {
+        let text = match m.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<String>(),
+            _ => String::new(),
+        };
+        texts.push(text);
+    }
+    let tokens = prompt::chat_prompt_tokens(texts.iter().map(String::as_str));
+    Ok((texts, tokens))
+}
+
+/// Prompt text and the completions prompt-token estimate: a string, a one-string array, or an
+/// array of token ids (counted as they are).
+fn completion_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError> {
+    match obj.get("prompt") {
+        None => Err(missing(obj, "prompt")),
+        Some(Value::String(s)) => Ok((vec![s.clone()], prompt::completion_prompt_tokens(s))),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            let s = a[0].as_str().unwrap_or_default().to_string();
+            let t = prompt::completion_prompt_tokens(&s);
+            Ok((vec![s], t))
+        }
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
+            Ok((vec![Value::Array(a.clone()).to_string()], a.len() as u64))
+        }
+        Some(_) => Err(bad("The simulator accepts one prompt per request: a string, a one-string list or a list of token ids.", Some("prompt"))),
+    }
+}

@@ -1,0 +1,251 @@
+//! vLLM 0.32's response bodies: SSE events for streams and the non-streaming JSON objects.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+use super::engine::{Finish, Timings};
+use super::prompt::token_text;
+use super::request::{Endpoint, GenRequest};
+
+/// `system_fingerprint` the simulator reports.
+pub const SYSTEM_FINGERPRINT: &str = "vllm-0.32.0-sim";
+
+/// A fresh response id: `chatcmpl-<16 hex>` or `cmpl-<16 hex>`.
+pub fn new_id(endpoint: Endpoint) -> String {
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completions => "cmpl",
+    };
+    format!("{prefix}-{:016x}", rand::random::<u64>())
+}
+
+/// Per-request `metrics` object (mirrors vLLM's `--enable-per-request-metrics` field).
+pub fn metrics_json(t: &Timings) -> String {
+    let ms = |ns: u64| ns as f64 / 1e6;
+    format!(
+        "{{\"queue_time_ms\":{},\"time_to_first_token_ms\":{},\"mean_itl_ms\":{},\"e2e_ms\":{}}}",
+        ms(t.queue_ns),
+        ms(t.ttft_ns),
+        ms(t.mean_itl_ns),
+        ms(t.e2e_ns)
+    )
+}
+
+/// Builds the SSE events of one streamed response, in vLLM's field order.
+#[derive(Debug)]
+pub struct StreamWriter {
+    endpoint: Endpoint,
+    /// `{"id":..,"object":..,"created":..,"model":..,` — shared prefix of every event.
+    head: String,
+    prompt_tokens: u64,
+    include_usage: bool,
+    continuous: bool,
+    per_request_metrics: bool,
+    generated: Vec<u64>,
+    roles_sent: bool,
+    /// Add `"tm_sent_ns"` with CLOCK_MONOTONIC at build time.
+    stamp: bool,
+}
+
+impl StreamWriter {
+    /// A writer for `req`, answering as `model`.
+    pub fn new(
+        req: &GenRequest,
+        model: &str,
+        created_s: u64,
+        per_request_metrics: bool,
+        stamp: bool,
+    ) -> Self {
+        let object = match req.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        };
+        let head = format!(
+            "data: {{\"id\":\"{}\",\"object\":\"{object}\",\"created\":{created_s},\"model\":{},",
+            new_id(req.endpoint),
+            json_str(model)
+        );
+        StreamWriter {
+            endpoint: req.endpoint,
+            head,
+            prompt_tokens: req.prompt_tokens,
+            include_usage: req.include_usage,
+            continuous: req.continuous_usage,
+            per_request_metrics,
+            generated: vec![0; req.n as usize],
+            roles_sent: req.endpoint == Endpoint::Completions,
+            stamp,
+        }
+    }
+
+    /// Total completion tokens written so far.
+    pub fn completion_tokens(&self) -> u64 {
+        self.generated.iter().sum()
+    }
+
+    fn usage(&self, out: &mut String, completion: u64, details: bool) {
+        use std::fmt::Write as _;
+        let p = self.prompt_tokens;
+        let _ = write!(out, "\"usage\":{{\"prompt_tokens\":{p},\"total_tokens\":{},\"completion_tokens\":{completion}", p + completion);
+        out.push_str(if details {
+            ",\"completion_tokens_details\":null}"
+        } else {
+            "}"
+        });
+    }
+
+    fn finish_event(&self, mut s: String) -> Bytes {
+        if self.stamp {
+            use std::fmt::Write as _;
+            let _ = write!(s, ",\"tm_sent_ns\":{}", monotonic_ns());
+        }
+        s.push_str("}\n\n");
+        Bytes::from(s)
+    }
+
+    /// The events for one token of `choice` (role events first, before the first token).
+    pub fn token(&mut self, choice: u32, finish: Option<Finish>, out: &mut VecDeque<Bytes>) {
+        use std::fmt::Write as _;
+        if !self.roles_sent {
+            self.roles_sent = true;
+            for i in 0..self.generated.len() {
+                let mut s = String::with_capacity(self.head.len() + 200);
+                s.push_str(&self.head);
+                let _ = write!(s, "\"choices\":[{{\"index\":{i},\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}],");
+                if self.continuous {
+                    self.usage(&mut s, 0, true);
+                    s.push(',');
+                }
+                s.push_str("\"prompt_token_ids\":null,\"prompt_text\":null");
+                out.push_back(self.finish_event(s));
+            }
+        }
+        let Some(count) = self.generated.get_mut(choice as usize) else {
+            return;
+        };
+        let index = *count;
+        *count += 1;
+        let cumulative = *count;
+        // An end-of-sequence stop token has no text, like vLLM's final "" delta.
+        let text = if finish == Some(Finish::Stop) {
+            ""
+        } else {
+            token_text(index)
+        };
+        let mut s = String::with_capacity(self.head.len() + 200);
+        s.push_str(&self.head);
+        // Static text: nothing allocated per token beyond the event itself.
+        let reason = match finish {
+            Some(Finish::Length) => "\"length\",\"stop_reason\":null",
+            Some(Finish::Stop) => "\"stop\",\"stop_reason\":null",
+            None => "null",
+        };
+        match self.endpoint {
+            Endpoint::Chat => {
+                let _ = write!(s, "\"choices\":[{{\"index\":{choice},\"delta\":{{\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":{reason},\"token_ids\":null}}]");
+            }
+            Endpoint::Completions => {
+                let stop = if finish.is_some() {
+                    ""
+                } else {
+                    ",\"stop_reason\":null"
+                };
+                let _ = write!(s, "\"choices\":[{{\"index\":{choice},\"text\":\"{text}\",\"logprobs\":null,\"finish_reason\":{reason}{stop},\"prompt_token_ids\":null,\"token_ids\":null}}]");
+            }
+        }
+        if self.continuous {
+            s.push(',');
+            self.usage(&mut s, cumulative, true);
+        }
+        if finish.is_some() && !self.include_usage && self.endpoint == Endpoint::Chat {
+            let _ = write!(s, ",\"system_fingerprint\":\"{SYSTEM_FINGERPRINT}\"");
+        }
+        out.push_back(self.finish_event(s));
+    }
+
+    /// The closing events: the usage event (with include_usage) and `data: [DONE]`.
+    pub fn done(&self, timings: Option<&Timings>, out: &mut VecDeque<Bytes>) {
+        if self.include_usage {
+            let mut s = String::with_capacity(self.head.len() + 200);
+            s.push_str(&self.head);
+            s.push_str("\"choices\":[],");
+            self.usage(&mut s, self.completion_tokens(), false);
+            s.push_str(",\"system_fingerprint\":\"");
+            s.push_str(SYSTEM_FINGERPRINT);
+            s.push('"');
+            if let (true, Some(t)) = (self.per_request_metrics, timings) {
+                s.push_str(",\"metrics\":");
+                s.push_str(&metrics_json(t));
+            }
+            out.push_back(self.finish_event(s));
+        }
+        out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+    }
+}
+
+/// One finished choice of a non-streaming response.
+#[derive(Debug, Clone)]
+pub struct ChoiceOut {
+    /// Concatenated token texts.
+    pub text: String,
+    /// Tokens generated.
+    pub tokens: u64,
+    /// Why it ended.
+    pub finish: Finish,
+}
+
+/// The non-streaming response body for `req`.
+pub fn full_response(
+    req: &GenRequest,
+    model: &str,
+    created_s: u64,
+    choices: &[ChoiceOut],
+    timings: Option<&Timings>,
+) -> String {
+    let mut arr = Vec::with_capacity(choices.len());
+    for (i, c) in choices.iter().enumerate() {
+        let t = json_str(&c.text);
+        let f = c.finish.as_str();
+        arr.push(match req.endpoint {
+            Endpoint::Chat => format!("{{\"index\":{i},\"message\":{{\"role\":\"assistant\",\"content\":{t},\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"reasoning\":null}},\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":null,\"routed_experts\":null}}"),
+            Endpoint::Completions => format!("{{\"index\":{i},\"text\":{t},\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":null,\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"routed_experts\":null}}"),
+        });
+    }
+    let completion: u64 = choices.iter().map(|c| c.tokens).sum();
+    let p = req.prompt_tokens;
+    let (object, tail) = match req.endpoint {
+        Endpoint::Chat => ("chat.completion", "\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null"),
+        Endpoint::Completions => ("text_completion", "\"kv_transfer_params\":null,\"ec_transfer_params\":null"),
+    };
+    let metrics = timings
+        .map(metrics_json)
+        .unwrap_or_else(|| "null".to_string());
+    format!(
+        "{{\"id\":\"{}\",\"object\":\"{object}\",\"created\":{created_s},\"model\":{},\"choices\":[{}],\"service_tier\":null,\"system_fingerprint\":\"{SYSTEM_FINGERPRINT}\",\"usage\":{{\"prompt_tokens\":{p},\"total_tokens\":{},\"completion_tokens\":{},\"prompt_tokens_details\":null,\"completion_tokens_details\":null}},{tail},\"metrics\":{metrics}}}",
+        new_id(req.endpoint),
+        json_str(model),
+        arr.join(","),
+        p + completion,
+        completion
+    )
+}
+
+/// A JSON string literal.
+pub fn json_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
+}
+
+/// CLOCK_MONOTONIC now, nanoseconds (comparable across processes on the same host).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the valid timespec we pass; CLOCK_MONOTONIC always exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

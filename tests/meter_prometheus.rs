@@ -1,0 +1,204 @@
+//! Prometheus exposition: well-formed lines, monotonic counters, cumulative histograms.
+
+mod meter_support;
+
+use std::collections::BTreeMap;
+
+use meter_support::{at, record, T0};
+use tokenmeter::meter::{Meter, MeterConfig};
+use tokenmeter::record::Outcome;
+
+/// Parses sample lines into `series -> value`, asserting every line is a comment or
+/// `name{labels} value` / `name value`.
+fn parse(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        if line.starts_with("# HELP ") || line.starts_with("# TYPE ") {
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad line {line:?}"));
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(name.starts_with("tokenmeter_"), "{line}");
+        assert!(
+            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "{line}"
+        );
+        if name_end < series.len() {
+            let labels = &series[name_end + 1..series.len() - 1];
+            assert!(series.ends_with('}'), "{line}");
+            for pair in labels.split("\",") {
+                let (k, v) = pair
+                    .split_once("=\"")
+                    .unwrap_or_else(|| panic!("bad labels {line:?}"));
+                assert!(
+                    k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                    "{line}"
+                );
+                assert!(
+                    !v.trim_end_matches('"').contains('"') || v.contains("\\\""),
+                    "{line}"
+                );
+            }
+        }
+        let v: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value {line:?}"));
+        assert!(
+            out.insert(series.to_string(), v).is_none(),
+            "duplicate series {series}"
+        );
+    }
+    out
+}
+
+fn finish(m: &mut Meter, id: u64, t: f64, model: &str, user: &str, outcome: Outcome, e2e_ms: f64) {
+    m.request_started(at(t), id, user, Some(model));
+    let mut r = record(at(t), e2e_ms, Some(e2e_ms / 4.0), Some(20), Some(5), true);
+    r.request_id = format!("tm-1-{id:x}");
+    r.model = Some(model.into());
+    r.user = user.into();
+    r.outcome = outcome;
+    m.request_finished(at(t) + (e2e_ms * 1e6) as u64, &r);
+}
+
+fn check_histograms(s: &BTreeMap<String, f64>, name: &str, model: &str) {
+    let prefix = format!("{name}_bucket{{model=\"{model}\",le=\"");
+    let mut buckets: Vec<(f64, f64)> = s
+        .iter()
+        .filter_map(|(k, v)| {
+            k.strip_prefix(&prefix)
+                .map(|le| (le.trim_end_matches("\"}"), *v))
+        })
+        .map(|(le, v)| {
+            (
+                if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap()
+                },
+                v,
+            )
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+    assert!(buckets.len() > 10);
+    assert!(
+        buckets.iter().any(|(le, _)| *le >= 600.0 && le.is_finite()),
+        "{name} covers 600 s"
+    );
+    assert!(
+        buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+        "{name} cumulative"
+    );
+    let count = s[&format!("{name}_count{{model=\"{model}\"}}")];
+    assert_eq!(buckets.last().unwrap(), &(f64::INFINITY, count));
+}
+
+#[test]
+fn exposition_parses_counters_grow_and_histograms_are_cumulative() {
+    let mut m = Meter::new(MeterConfig::default(), T0);
+    finish(&mut m, 1, 1.0, "llama", "a", Outcome::Ok, 800.0);
+    finish(&mut m, 2, 2.0, "llama", "b", Outcome::UpstreamError, 30.0);
+    finish(&mut m, 3, 3.0, "qwen \"7b\"", "a", Outcome::Ok, 700_000.0);
+    let first = parse(&m.prometheus(at(800.0)));
+    assert_eq!(
+        first["tokenmeter_requests_total{model=\"llama\",outcome=\"ok\"}"],
+        1.0
+    );
+    assert_eq!(
+        first["tokenmeter_requests_total{model=\"llama\",outcome=\"upstream_error\"}"],
+        1.0
+    );
+    assert_eq!(
+        first["tokenmeter_completion_tokens_total{model=\"llama\"}"],
+        40.0
+    );
+    assert_eq!(
+        first["tokenmeter_prompt_tokens_total{model=\"qwen \\\"7b\\\"\"}"],
+        5.0
+    );
+    assert_eq!(first["tokenmeter_requests_in_flight"], 0.0);
+    // 700 s falls between the 480 s and 960 s bounds.
+    assert_eq!(
+        first
+            ["tokenmeter_e2e_request_latency_seconds_bucket{model=\"qwen \\\"7b\\\"\",le=\"480\"}"],
+        0.0
+    );
+    assert_eq!(
+        first
+            ["tokenmeter_e2e_request_latency_seconds_bucket{model=\"qwen \\\"7b\\\"\",le=\"960\"}"],
+        1.0
+    );
+    assert!(
+        (first["tokenmeter_e2e_request_latency_seconds_sum{model=\"llama\"}"] - 0.83).abs() < 1e-12
+    );
+    for name in [
+        "tokenmeter_time_to_first_token_seconds",
+        "tokenmeter_time_per_output_token_seconds",
+        "tokenmeter_e2e_request_latency_seconds",
+    ] {
+        check_histograms(&first, name, "llama");
+    }
+    assert!(
+        !first.keys().any(|k| k.contains("user=")),
+        "no user label by default"
+    );
+    finish(&mut m, 4, 900.0, "llama", "c", Outcome::Ok, 50.0);
+    m.request_started(at(901.0), 5, "c", Some("llama"));
+    let second = parse(&m.prometheus(at(902.0)));
+    for (k, v) in &first {
+        if k.contains("_total")
+            || k.contains("_bucket")
+            || k.contains("_count")
+            || k.contains("_sum")
+        {
+            assert!(second[k] >= *v, "{k} went down");
+        }
+    }
+    assert_eq!(
+        second["tokenmeter_requests_total{model=\"llama\",outcome=\"ok\"}"],
+        2.0
+    );
+    assert_eq!(second["tokenmeter_requests_in_flight"], 1.0);
+}
+
+#[test]
+fn user_label_is_opt_in_and_capped() {
+    let cfg = MeterConfig {
+        metrics_user_label: true,
+        max_tracked_users: 2,
+        ..Default::default()
+    };
+    let mut m = Meter::new(cfg, T0);
+    for (i, u) in ["a", "b", "c", "d"].iter().enumerate() {
+        finish(
+            &mut m,
+            i as u64 + 1,
+            1.0 + i as f64,
+            "llama",
+            u,
+            Outcome::Ok,
+            100.0,
+        );
+    }
+    let s = parse(&m.prometheus(at(10.0)));
+    let users: std::collections::BTreeSet<_> = s
+        .keys()
+        .filter_map(|k| {
+            k.split("user=\"")
+                .nth(1)
+                .map(|r| r.split('"').next().unwrap().to_string())
+        })
+        .collect();
+    assert_eq!(users.into_iter().collect::<Vec<_>>(), ["a", "b", "other"]);
+    assert_eq!(
+        s["tokenmeter_requests_total{model=\"llama\",user=\"other\",outcome=\"ok\"}"],
+        2.0
+    );
+    assert!(!s
+        .keys()
+        .any(|k| k.contains("_bucket") && k.contains("user=")));
+}

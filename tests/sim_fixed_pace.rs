@@ -1,0 +1,94 @@
+//! Fixed-pace mode (overhead benchmark): exact event count, absolute schedule, CLOCK_MONOTONIC stamps.
+
+mod sim_support;
+
+use serde_json::Value;
+use sim_support::*;
+use tokenmeter::sim::SimConfig;
+
+fn stream_body(content: &str, max_tokens: u64) -> String {
+    format!(
+        r#"{{"messages":[{{"role":"user","content":"{content}"}}],"max_tokens":{max_tokens},"ignore_eos":true,"stream":true,"stream_options":{{"include_usage":true}}}}"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_pace_emits_stamped_events_on_schedule() {
+    let sim = start(SimConfig {
+        fixed_pace: true,
+        fixed_ttft_ms: 30.0,
+        fixed_gap_ms: 10.0,
+        stamp_events: true,
+        ..cfg()
+    })
+    .await;
+    let before = tokenmeter::sim::wire::monotonic_ns();
+    let r = post(
+        sim.addr(),
+        "/v1/chat/completions",
+        &stream_body("fixed", 10),
+    )
+    .await;
+    let after = tokenmeter::sim::wire::monotonic_ns();
+    let ev = r.events();
+    assert_eq!(ev.len(), 1 + 10 + 1 + 1, "role, 10 tokens, usage, [DONE]");
+    let stamps: Vec<u64> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["tm_sent_ns"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert!(stamps.iter().all(|s| *s >= before && *s <= after));
+    let first_token = stamps[1] as f64;
+    assert!(
+        (first_token - before as f64) / 1e6 >= 30.0,
+        "TTFT at least 30 ms"
+    );
+    for w in stamps[1..11].windows(2) {
+        let gap_ms = (w[1] - w[0]) as f64 / 1e6;
+        assert!((gap_ms - 10.0).abs() < 4.0, "gap {gap_ms} ms");
+    }
+    let span_ms = (stamps[10] - stamps[1]) as f64 / 1e6;
+    assert!(
+        (span_ms - 90.0).abs() < 4.0,
+        "absolute deadlines keep the 9 gaps at 90 ms: {span_ms}"
+    );
+    let u = serde_json::from_str::<Value>(&ev[ev.len() - 2]).unwrap()["usage"].clone();
+    assert_eq!(u["completion_tokens"].as_u64(), Some(10));
+    assert_eq!(sim.counters().generation_tokens_total, 10);
+    assert_eq!(sim.counters().requests_finished, 1);
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_pace_non_streaming_answers_after_the_whole_schedule() {
+    let sim = start(SimConfig {
+        fixed_pace: true,
+        fixed_ttft_ms: 30.0,
+        fixed_gap_ms: 10.0,
+        ..cfg()
+    })
+    .await;
+    let t0 = std::time::Instant::now();
+    let r = post(
+        sim.addr(),
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":5,"n":2}"#,
+    )
+    .await;
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    assert!(ms >= 70.0, "30 ms + 4 gaps of 10 ms, got {ms}");
+    assert_eq!(r.json()["usage"]["completion_tokens"].as_u64(), Some(10));
+    let c = sim.counters();
+    assert_eq!(
+        (
+            c.generation_tokens_total,
+            c.requests_finished,
+            c.requests_running
+        ),
+        (10, 1, 0)
+    );
+    sim.shutdown().await;
+}
