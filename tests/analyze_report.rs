@@ -178,3 +178,19 @@ fn a_request_starting_mid_second_breaks_steadiness_only_there() {
     // Request b's mean level: 2 over its whole life.
     assert_eq!(r.capacity[1].per_request_tok_s.min, Some(10.0));
 }
+
+#[test]
+fn replay_memory_follows_seconds_not_records() {
+    use tokenmeter::meter::replay::ReplayAccumulator;
+    // The same 10 minutes with 100 and with 10,000 requests: the same storage.
+    let heap = |n: u64| {
+        let mut acc = ReplayAccumulator::new();
+        for i in 0..n {
+            let start = synth::T0 + i * 600 * 1_000_000_000 / n;
+            acc.add(&synth::record(start, 5_000.0, Some(40.0), 100, true, "u"));
+        }
+        acc.heap_bytes()
+    };
+    assert_eq!(heap(100), heap(10_000));
+    assert!(heap(10_000) < 64 * 1024, "{}", heap(10_000));
+}
