@@ -138,6 +138,23 @@ fn gzip_and_shuffled_split_files_give_the_same_report() {
 }
 
 #[test]
+fn a_truncated_gzip_keeps_what_was_read_and_a_missing_file_is_an_error() {
+    let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&lines_of(&synth::steady_phases())).unwrap();
+    let bytes = gz.finish().unwrap();
+    let dir = TempDir::new("trunc");
+    let path = write(&dir.path("cut.jsonl.gz"), &bytes[..bytes.len() - 20]);
+    let r = analyze(&[path], &AnalyzeOptions::default()).unwrap();
+    assert_eq!(r.inputs.read_errors.len(), 1, "{:?}", r.inputs.read_errors);
+    assert!(r.inputs.read_errors[0].contains("cut.jsonl.gz"));
+    assert!(r.summary.requests > 30, "{}", r.summary.requests);
+    let text = tokenmeter::analyze::tables::render(&r);
+    assert!(text.contains("Read error"));
+    let err = analyze(&[dir.path("nope.jsonl")], &AnalyzeOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("cannot open"), "{err}");
+}
+
+#[test]
 fn filters_select_by_time_user_and_model() {
     let mut records = synth::steady_phases();
     records[5].model = Some("other-model".into());

@@ -90,6 +90,7 @@ pub struct Chunker<R> {
     lines: u64,
     skipping: bool,
     done: bool,
+    error: Option<io::Error>,
 }
 
 fn newlines(b: &[u8]) -> u64 {
@@ -106,6 +107,7 @@ impl<R: BufRead> Chunker<R> {
             lines: 0,
             skipping: false,
             done: false,
+            error: None,
         }
     }
 
@@ -117,13 +119,28 @@ impl<R: BufRead> Chunker<R> {
 
     /// The next chunk, or `None` at the end of the input.
     pub fn next_chunk(&mut self) -> io::Result<Option<Chunk>> {
+        // A read error is reported after the lines read before it were handed on.
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
         if self.done {
             return Ok(None);
         }
         let first_line = self.lines + 1;
         let mut out = Vec::with_capacity(CHUNK_BYTES + (1 << 16));
         while out.len() < CHUNK_BYTES {
-            let avail = self.inner.fill_buf()?;
+            let avail = match self.inner.fill_buf() {
+                Ok(a) => a,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.done = true;
+                    if out.is_empty() {
+                        return Err(e);
+                    }
+                    self.error = Some(e);
+                    break;
+                }
+            };
             let n = avail.len();
             if n == 0 {
                 self.done = true;

@@ -116,6 +116,14 @@ impl AnalyzeOptions {
 /// Analyses the inputs (paths, `-` for stdin) into a report.
 pub fn analyze(inputs: &[PathBuf], opts: &AnalyzeOptions) -> anyhow::Result<Report> {
     let sources: Vec<input::Source> = inputs.iter().map(|p| input::Source::open_arg(p)).collect();
+    // A file that cannot be opened at all is a usage error; failures mid-file (a truncated gzip
+    // member, an I/O error) are reported in `inputs.read_errors` with what was read before.
+    for s in &sources {
+        if let Some(path) = &s.path {
+            std::fs::File::open(path)
+                .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", s.name))?;
+        }
+    }
     analyze_sources(&sources, opts)
 }
 

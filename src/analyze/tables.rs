@@ -158,6 +158,10 @@ pub fn sections(r: &Report) -> Vec<(String, String)> {
         ],
         vec!["Bad lines".into(), bad],
     ];
+    let mut summary = summary;
+    for e in &i.read_errors {
+        summary.push(vec!["Read error".into(), e.clone()]);
+    }
     out.push(("Summary".into(), table(&["", ""], &summary)));
     let windows: Vec<Vec<String>> = r
         .timeline
