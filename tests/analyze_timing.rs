@@ -31,4 +31,15 @@ fn one_million_lines() {
     assert_eq!(report.inputs.lines, 1_000_000);
     assert_eq!(report.inputs.bad_lines, 0);
     assert_eq!(report.inputs.other_lines, 2000);
+    assert!(report.capacity.len() >= 10, "{}", report.capacity.len());
+    for row in report.capacity.iter().take(8) {
+        println!(
+            "  N={:>2} {:>5} s  {:>6.1} ± {:>5.1} tok/s  per-request {:?}",
+            row.in_flight,
+            row.seconds,
+            row.gen_tok_s.mean,
+            row.gen_tok_s.stdev.unwrap_or(0.0),
+            row.per_request_tok_s
+        );
+    }
 }

@@ -87,43 +87,53 @@ pub fn steady_phases() -> Vec<RequestRecord> {
     out
 }
 
-/// Writes `lines` pseudo-random but deterministic request lines (seeded) starting at [`T0`]:
-/// 20 users, concurrency drifting between 1 and 32, streamed requests of 1-20 s, 2% errors and
-/// one `server_sample` line in 500. Returns the bytes written.
+/// Writes `lines` pseudo-random but deterministic (seeded) lines starting at [`T0`]: segments of
+/// 60-300 s, each with a concurrency N in 1..=32 held by N lanes of back-to-back streamed requests
+/// (2-20 s, TTFT growing with N, decode at 1000 / (12 + 2 N) tok/s), 20 users, 2% errors, and
+/// one `server_sample` line in 500. Lines come lane by lane, not in time order. Returns the bytes
+/// written.
 pub fn write_load_log(out: &mut impl Write, lines: usize, seed: u64) -> io::Result<u64> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut written = 0u64;
-    let mut t = T0;
-    let mut level: u32 = 1;
-    for i in 0..lines {
-        if i % 500 == 499 {
-            let line = format!(
-                "{{\"type\":\"server_sample\",\"schema\":1,\"ts_ns\":{t},\"running\":{level}}}\n"
-            );
-            out.write_all(line.as_bytes())?;
-            written += line.len() as u64;
-            continue;
+    let mut segment_start = T0;
+    let mut count = 0usize;
+    let mut first = true;
+    while count < lines {
+        let seg_len = rng.gen_range(60..=300) * NANOS_PER_SEC;
+        let n: u32 = rng.gen_range(1..=32);
+        let per_request_tok_s = 1000.0 / (12.0 + 2.0 * n as f64);
+        for lane in 0..n {
+            let mut t = segment_start + rng.gen_range(0..NANOS_PER_SEC / 2);
+            while t < segment_start + seg_len && count < lines {
+                count += 1;
+                if count % 500 == 0 {
+                    let line = format!(
+                        "{{\"type\":\"server_sample\",\"schema\":1,\"ts_ns\":{t},\"running\":{n}}}\n"
+                    );
+                    out.write_all(line.as_bytes())?;
+                    written += line.len() as u64;
+                    continue;
+                }
+                let e2e = rng.gen_range(2_000.0..20_000.0);
+                let ttft = rng.gen_range(30.0..(60.0 + 15.0 * n as f64));
+                let tokens = (((e2e - ttft) / 1e3) * per_request_tok_s) as u64 + 1;
+                let user = format!("user-{}", (lane * 7 + rng.gen_range(0..3)) % 20);
+                let mut r = record(t, e2e, Some(ttft), tokens, true, &user);
+                r.in_flight_at_start = n;
+                r.cold_start = std::mem::take(&mut first);
+                if rng.gen_ratio(1, 50) {
+                    r.outcome = Outcome::UpstreamError;
+                    r.status = Some(500);
+                    r.completion_tokens = None;
+                    r.tok_s = None;
+                }
+                let line = r.to_json_line();
+                out.write_all(&line)?;
+                written += line.len() as u64;
+                t += (e2e * 1e6) as u64;
+            }
         }
-        if rng.gen_ratio(1, 200) {
-            level = rng.gen_range(1..=32);
-        }
-        t += rng.gen_range(0..(400_000_000 / level as u64 + 1));
-        let e2e = rng.gen_range(1_000.0..20_000.0);
-        let ttft = rng.gen_range(50.0..(100.0 + 20.0 * level as f64));
-        let tokens = rng.gen_range(20..2000);
-        let user = format!("user-{}", rng.gen_range(0..20));
-        let mut r = record(t, e2e, Some(ttft), tokens, true, &user);
-        r.in_flight_at_start = level;
-        r.cold_start = i == 0;
-        if rng.gen_ratio(1, 50) {
-            r.outcome = Outcome::UpstreamError;
-            r.status = Some(500);
-            r.completion_tokens = None;
-            r.tok_s = None;
-        }
-        let line = r.to_json_line();
-        out.write_all(&line)?;
-        written += line.len() as u64;
+        segment_start += seg_len + 5 * NANOS_PER_SEC;
     }
     Ok(written)
 }
