@@ -164,11 +164,52 @@ fn binary_prints_tables_and_writes_json_svg_and_html() {
         !page.contains("src=\"http") && !page.contains("href=\"http"),
         "self-contained"
     );
-    // A missing file or a bad flag is an error exit, not a crash.
+    // Relative bounds: the fixture is from 2026-11-29 18:00-18:06 UTC.
+    let requests = |args: &[&str]| {
+        let out = Command::new(bin)
+            .arg("analyze")
+            .args(args)
+            .arg("--json")
+            .arg(fixture())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["summary"]["requests"].as_u64().unwrap()
+    };
+    assert_eq!(requests(&["--from", "-100000d"]), 36);
+    assert_eq!(requests(&["--to", "-100000d"]), 0);
+    assert_eq!(
+        requests(&[
+            "--from",
+            "2026-11-29T18:02:00Z",
+            "--to",
+            "2026-11-29T18:04:00Z"
+        ]),
+        16
+    );
+    // A bad bound or a missing file is an error exit with a message, not a crash.
+    for args in [&["--from", "-2x"][..], &["--to", "yesterday"][..]] {
+        let out = Command::new(bin)
+            .arg("analyze")
+            .args(args)
+            .arg(fixture())
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("bad"),
+            "{args:?}"
+        );
+    }
     let out = Command::new(bin)
-        .args(["analyze", "--from", "-2x"])
-        .arg(fixture())
+        .args(["analyze", "/nonexistent/x.jsonl"])
         .output()
         .unwrap();
     assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open"));
 }

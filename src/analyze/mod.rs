@@ -36,10 +36,10 @@ pub struct AnalyzeArgs {
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Only requests that arrived at or after this time (RFC 3339, or relative: -2h, -30m).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub from: Option<String>,
     /// Only requests that arrived before this time (RFC 3339, or relative).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub to: Option<String>,
     /// Only this user (repeatable).
     #[arg(long)]
