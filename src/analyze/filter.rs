@@ -4,7 +4,9 @@ use crate::clock::{parse_rfc3339, UnixNanos, NANOS_PER_SEC};
 
 use super::parse::LeanRecord;
 
-/// Which records are analysed; everything else is counted as filtered out.
+/// Which records are analysed; everything else is counted as filtered out. The timeline and the
+/// in-flight levels are rebuilt from the selected records only (with `--user`, the concurrency
+/// is that user's, not the server's).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Filter {
     /// Keep records that arrived at or after this instant.
