@@ -7,14 +7,14 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::clock::UnixNanos;
 use crate::meter::histogram::LogHistogram;
-use crate::meter::replay::{ReplayAccumulator, ReplayTimeline};
+use crate::meter::replay::{LevelSweep, ReplayAccumulator};
 use crate::meter::timeline::{end_ns, RateStats};
 use crate::record::{Outcome, RequestRecord};
 
 use super::filter::Filter;
 use super::input::TOO_LONG_PLACEHOLDER;
 use super::parse::{parse_line, scratch_record, BadReason, LeanRecord, Parsed};
-use super::spill::{Spill, SpillEntry};
+use super::spill::{for_each_by_start, Spill, SpillEntry};
 
 /// How many bad-line positions the report names.
 pub const BAD_POSITIONS: usize = 5;
@@ -196,11 +196,11 @@ impl Pass1 {
             }
         }
         self.replay.add(&self.scratch);
-        if let (Some(tok_s), Some(spill)) = (r.tok_s, self.spill.as_mut()) {
-            spill.push(&SpillEntry {
+        if let Some(spill) = self.spill.as_mut() {
+            spill.push(SpillEntry {
                 start: r.ts_ns,
                 end,
-                tok_s,
+                tok_s: r.tok_s.unwrap_or(f64::NAN),
                 in_flight_at_start: r.in_flight_at_start,
             })?;
         }
@@ -304,21 +304,24 @@ impl Pass1 {
         self.spills.append(&mut other.spills);
     }
 
-    /// Pass 2: each spilled request's `tok_s` filed under its rounded mean level.
-    pub fn pass2(&mut self, timeline: &ReplayTimeline) -> std::io::Result<LevelTokS> {
+    /// Pass 2: every spilled request, in arrival order, through the exact level sweep; each
+    /// `tok_s` is filed under the request's rounded mean in-flight level.
+    pub fn pass2(&mut self) -> std::io::Result<LevelTokS> {
         let mut out = LevelTokS::new();
         self.spills.extend(self.spill.take());
-        for spill in &mut self.spills {
-            spill.for_each(|e| {
-                let mean = timeline.request_mean_level(e.start, e.end, e.in_flight_at_start);
-                let level = mean.round() as u32;
-                if level > 0 {
-                    let slot = out.entry(level).or_insert((e.tok_s, e.tok_s));
-                    slot.0 = slot.0.min(e.tok_s);
-                    slot.1 = slot.1.max(e.tok_s);
-                }
-            })?;
-        }
+        let mut visit = |tok_s: f64, mean: f64| {
+            let level = mean.round() as u32;
+            if level > 0 && tok_s.is_finite() {
+                let slot = out.entry(level).or_insert((tok_s, tok_s));
+                slot.0 = slot.0.min(tok_s);
+                slot.1 = slot.1.max(tok_s);
+            }
+        };
+        let mut sweep = LevelSweep::new();
+        for_each_by_start(&mut self.spills, |e| {
+            sweep.push(e.start, e.end, e.in_flight_at_start, e.tok_s, &mut visit)
+        })?;
+        sweep.finish(&mut visit);
         Ok(out)
     }
 }

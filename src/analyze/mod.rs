@@ -4,8 +4,9 @@
 //! order-independent per-second sums ([`crate::meter::replay`]), per-level and per-user
 //! histograms, and spilling 28 bytes per generation request to a temporary file ([`spill`]). The
 //! sweep turns the sums into the timeline; pass 2 reads the spill and files each request's tok/s
-//! under its mean in-flight level for the curve's per-request min/max. Memory follows the number
-//! of active seconds, levels and users, never the number of lines (the spill is on disk).
+//! under its exact mean in-flight level (a sweep in arrival order over the spill's sorted runs) for
+//! the curve's per-request min/max. Memory follows the number of active seconds, levels, users and
+//! the concurrency, never the number of lines (the spill is on disk).
 
 mod build;
 mod collect;
@@ -132,7 +133,7 @@ pub fn analyze_sources(sources: &[input::Source], opts: &AnalyzeOptions) -> anyh
     let mut p1 = drive::pass1(sources, &opts.filter)?;
     let replay = std::mem::take(&mut p1.replay);
     let timeline: ReplayTimeline = replay.finish();
-    let level_tok_s = p1.pass2(&timeline)?;
+    let level_tok_s = p1.pass2()?;
     Ok(build::build(sources, p1, &timeline, &level_tok_s, opts))
 }
 

@@ -1,9 +1,13 @@
-//! The per-request context pass 2 needs, spilled to a temporary file during pass 1 so the logs
+//! The per-request context pass 2 needs, spilled to temporary files during pass 1 so the logs
 //! are parsed only once and memory stays independent of the number of lines: 28 bytes per
-//! generation request with a `tok_s` (arrival ns, end ns, tok/s, `in_flight_at_start`).
+//! generation request (arrival ns, end ns, tok/s or NaN, `in_flight_at_start`), written in runs
+//! sorted by arrival (at most [`RUN_ENTRIES`] in memory at a time) and read back as one stream in
+//! arrival order by a k-way merge of the runs.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -11,6 +15,8 @@ use crate::clock::UnixNanos;
 
 /// Bytes per spilled request.
 pub const ENTRY_BYTES: usize = 28;
+/// Entries sorted in memory before a run is written (7 MiB).
+pub const RUN_ENTRIES: usize = 1 << 18;
 
 /// One spilled request.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -19,18 +25,48 @@ pub struct SpillEntry {
     pub start: UnixNanos,
     /// End, Unix ns.
     pub end: UnixNanos,
-    /// completion_tokens / e2e.
+    /// completion_tokens / e2e; NaN when unknown.
     pub tok_s: f64,
     /// Requests in flight at arrival (the mean-level fallback for zero-length requests).
     pub in_flight_at_start: u32,
 }
 
-/// A temporary spill file, removed on drop.
+impl SpillEntry {
+    fn encode(&self) -> [u8; ENTRY_BYTES] {
+        let mut b = [0u8; ENTRY_BYTES];
+        b[0..8].copy_from_slice(&self.start.to_le_bytes());
+        b[8..16].copy_from_slice(&self.end.to_le_bytes());
+        b[16..24].copy_from_slice(&self.tok_s.to_le_bytes());
+        b[24..28].copy_from_slice(&self.in_flight_at_start.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; ENTRY_BYTES]) -> SpillEntry {
+        let u64_at = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[i..i + 8]);
+            x
+        };
+        let mut ifs = [0u8; 4];
+        ifs.copy_from_slice(&b[24..28]);
+        SpillEntry {
+            start: u64::from_le_bytes(u64_at(0)),
+            end: u64::from_le_bytes(u64_at(8)),
+            tok_s: f64::from_le_bytes(u64_at(16)),
+            in_flight_at_start: u32::from_le_bytes(ifs),
+        }
+    }
+}
+
+/// A temporary spill file of sorted runs, removed on drop.
 #[derive(Debug)]
 pub struct Spill {
     path: PathBuf,
     writer: Option<BufWriter<File>>,
-    entries: u64,
+    pending: Vec<SpillEntry>,
+    /// (first entry index, entries) of every written run.
+    runs: Vec<(u64, u64)>,
+    written: u64,
 }
 
 impl Spill {
@@ -47,56 +83,53 @@ impl Spill {
         Ok(Spill {
             path,
             writer: Some(BufWriter::with_capacity(1 << 16, file)),
-            entries: 0,
+            pending: Vec::new(),
+            runs: Vec::new(),
+            written: 0,
         })
     }
 
     /// Appends one entry.
-    pub fn push(&mut self, e: &SpillEntry) -> io::Result<()> {
-        let mut b = [0u8; ENTRY_BYTES];
-        b[0..8].copy_from_slice(&e.start.to_le_bytes());
-        b[8..16].copy_from_slice(&e.end.to_le_bytes());
-        b[16..24].copy_from_slice(&e.tok_s.to_le_bytes());
-        b[24..28].copy_from_slice(&e.in_flight_at_start.to_le_bytes());
-        if let Some(w) = self.writer.as_mut() {
-            w.write_all(&b)?;
-            self.entries += 1;
+    pub fn push(&mut self, e: SpillEntry) -> io::Result<()> {
+        self.pending.push(e);
+        if self.pending.len() >= RUN_ENTRIES {
+            self.write_run()?;
         }
         Ok(())
     }
 
-    /// Entries written.
+    fn write_run(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let Some(w) = self.writer.as_mut() else {
+            return Err(io::Error::other("spill already read"));
+        };
+        self.pending.sort_unstable_by_key(|e| e.start);
+        for e in &self.pending {
+            w.write_all(&e.encode())?;
+        }
+        let n = self.pending.len() as u64;
+        self.runs.push((self.written, n));
+        self.written += n;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Entries pushed.
     pub fn len(&self) -> u64 {
-        self.entries
+        self.written + self.pending.len() as u64
     }
 
-    /// Whether nothing was written.
+    /// Whether nothing was pushed.
     pub fn is_empty(&self) -> bool {
-        self.entries == 0
+        self.len() == 0
     }
 
-    /// Flushes and calls `visit` for every entry in writing order.
-    pub fn for_each(&mut self, mut visit: impl FnMut(&SpillEntry)) -> io::Result<()> {
+    fn finish_writing(&mut self) -> io::Result<()> {
+        self.write_run()?;
         if let Some(mut w) = self.writer.take() {
             w.flush()?;
-        }
-        let mut r = BufReader::with_capacity(1 << 16, File::open(&self.path)?);
-        let mut b = [0u8; ENTRY_BYTES];
-        for _ in 0..self.entries {
-            r.read_exact(&mut b)?;
-            let u64_at = |i: usize| {
-                let mut x = [0u8; 8];
-                x.copy_from_slice(&b[i..i + 8]);
-                x
-            };
-            let mut ifs = [0u8; 4];
-            ifs.copy_from_slice(&b[24..28]);
-            visit(&SpillEntry {
-                start: u64::from_le_bytes(u64_at(0)),
-                end: u64::from_le_bytes(u64_at(8)),
-                tok_s: f64::from_le_bytes(u64_at(16)),
-                in_flight_at_start: u32::from_le_bytes(ifs),
-            });
         }
         Ok(())
     }
@@ -109,26 +142,94 @@ impl Drop for Spill {
     }
 }
 
+/// A cursor over one run.
+struct RunReader {
+    reader: BufReader<File>,
+    left: u64,
+}
+
+impl RunReader {
+    fn next(&mut self) -> io::Result<Option<SpillEntry>> {
+        if self.left == 0 {
+            return Ok(None);
+        }
+        let mut b = [0u8; ENTRY_BYTES];
+        self.reader.read_exact(&mut b)?;
+        self.left -= 1;
+        Ok(Some(SpillEntry::decode(&b)))
+    }
+}
+
+/// Calls `visit` for every entry of every spill in arrival order (ties in any order).
+pub fn for_each_by_start(
+    spills: &mut [Spill],
+    mut visit: impl FnMut(&SpillEntry),
+) -> io::Result<()> {
+    let mut readers = Vec::new();
+    for s in spills.iter_mut() {
+        s.finish_writing()?;
+        for &(first, n) in &s.runs {
+            let mut f = File::open(&s.path)?;
+            f.seek(SeekFrom::Start(first * ENTRY_BYTES as u64))?;
+            readers.push(RunReader {
+                reader: BufReader::with_capacity(1 << 15, f),
+                left: n,
+            });
+        }
+    }
+    let mut heads: Vec<Option<SpillEntry>> = Vec::with_capacity(readers.len());
+    let mut heap = BinaryHeap::new();
+    for (i, r) in readers.iter_mut().enumerate() {
+        let head = r.next()?;
+        if let Some(e) = &head {
+            heap.push(Reverse((e.start, i)));
+        }
+        heads.push(head);
+    }
+    while let Some(Reverse((_, i))) = heap.pop() {
+        if let Some(e) = heads[i].take() {
+            visit(&e);
+        }
+        heads[i] = readers[i].next()?;
+        if let Some(e) = &heads[i] {
+            heap.push(Reverse((e.start, i)));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn entries_round_trip_and_the_file_is_removed() {
-        let mut s = Spill::create().unwrap();
-        let path = s.path.clone();
-        let e = SpillEntry {
-            start: 7,
-            end: 9,
-            tok_s: 1.5,
-            in_flight_at_start: 3,
-        };
-        s.push(&e).unwrap();
-        s.push(&SpillEntry { start: 1, ..e }).unwrap();
-        let mut got = vec![];
-        s.for_each(|x| got.push(*x)).unwrap();
-        assert_eq!(got, vec![e, SpillEntry { start: 1, ..e }]);
-        drop(s);
-        assert!(!path.exists());
+    fn runs_merge_into_arrival_order_and_files_are_removed() {
+        let mut a = Spill::create().unwrap();
+        let mut b = Spill::create().unwrap();
+        let paths = [a.path.clone(), b.path.clone()];
+        let n = RUN_ENTRIES as u64 * 2 + 17;
+        for i in 0..n {
+            // A scrambled order of arrivals 0..2n over two spills.
+            let start = (i * 7919) % n * 2;
+            let e = SpillEntry {
+                start,
+                end: start + 5,
+                tok_s: 1.5,
+                in_flight_at_start: 3,
+            };
+            a.push(e).unwrap();
+            b.push(SpillEntry {
+                start: start + 1,
+                ..e
+            })
+            .unwrap();
+        }
+        assert_eq!(a.runs.len(), 2);
+        let mut spills = [a, b];
+        let mut got = Vec::new();
+        for_each_by_start(&mut spills, |e| got.push(e.start)).unwrap();
+        assert_eq!(got, (0..2 * n).collect::<Vec<_>>());
+        drop(spills);
+        assert!(paths.iter().all(|p| !p.exists()));
     }
 }

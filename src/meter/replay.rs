@@ -12,30 +12,36 @@
 //!
 //! A sweep in time order then gives each second its carried-in level `L` (prefix sum of all
 //! earlier changes), its exact time-weighted mean level `L + area_delta / 1 s`, and whether it was
-//! steady: **a second is steady at L iff no start or end happened inside it and L > 0** — the
-//! same definition as the live meter's "fully covered at one level". For seconds that are not
-//! steady the order of events inside the second is unknown, so the minimum and maximum level are
-//! reported as bounds: `min >= max(0, L - inside ends)` and `max <= L + inside starts`.
+//! steady: **a second is steady at L iff L > 0 and no start or end happened inside it** — the
+//! same definition as the live meter's "fully covered at one level". Starts and ends at the same
+//! nanosecond that cancel out (one request ending as the next begins) change the level for no
+//! time, so they do not count; an order-independent check sum ([`SecondAcc::net_check`]) detects
+//! them. For seconds that are not steady the order of events inside the second is unknown, so
+//! the minimum and maximum level are reported as bounds: `min >= max(0, L - inside ends)` and
+//! `max <= L + inside starts`.
 //! Zero-length requests (end == start) change no level, as in a sorted replay.
 //!
 //! # Per-request mean level
 //!
 //! The per-request tok/s min/max of the capacity curve files each request under the rounded
-//! time-weighted mean level over its life. That needs the finished timeline, so the caller makes a
-//! second pass over its records and asks [`ReplayTimeline::request_mean_level`]. The request's own
-//! contribution (level 1 over its life) is exact; the others' area is exact over whole seconds and,
-//! in the (at most two) partly covered boundary seconds, assumes the others' level was uniform over
-//! that second: `others_s = (area_s - own_s) x overlap_s / 1 s`.
+//! time-weighted mean level over its life, which depends on the order of events inside seconds.
+//! [`LevelSweep`] computes it exactly with the shared [`InFlightIntegrator`] and [`mean_level`]:
+//! requests are fed in arrival order (the caller sorts them, e.g. by an external merge of sorted
+//! runs), ends are replayed before a start at the same instant, and only the requests in flight
+//! are held (memory follows the concurrency, not the number of requests).
 
 mod store;
 
-use std::collections::BTreeMap;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
 use crate::record::RequestRecord;
 
 use super::capacity::{CapacityAccumulator, CapacityRow, RequestLevel};
-use super::timeline::{attribute_record, end_ns, mean_level, second_of, SecondBucket};
+use super::timeline::{
+    attribute_record, end_ns, mean_level, second_of, InFlightIntegrator, SecondBucket,
+};
 
 pub use store::{SecondAcc, SecondStore};
 
@@ -138,8 +144,6 @@ pub struct SteadyRun {
 pub struct ReplayTimeline {
     /// The active seconds, ascending.
     pub seconds: Vec<ReplaySecond>,
-    /// `cum_area[i]`: level x ns integrated before `seconds[i]` (one more entry at the end).
-    cum_area: Vec<i128>,
 }
 
 impl ReplayTimeline {
@@ -150,8 +154,14 @@ impl ReplayTimeline {
         let area_ns = (level_in * ns + acc.area_delta_ns).max(0);
         let (starts, ends) = (acc.inside_starts as i64, acc.inside_ends as i64);
         let level_out = (level_in + starts - ends).max(0);
-        let lo = (level_in - ends).max(0) as u32;
-        let hi = (level_in + starts) as u32;
+        // Changes that cancel at the same instant leave the level constant (the sorted replay and
+        // the live meter see a zero-length dip that covers no time).
+        let constant = starts == ends && acc.net_check == 0;
+        let (lo, hi) = if constant {
+            (level_in as u32, level_in as u32)
+        } else {
+            ((level_in - ends).max(0) as u32, (level_in + starts) as u32)
+        };
         let bucket = SecondBucket {
             gen_tokens: acc.gen_tokens,
             prompt_tokens: acc.prompt_tokens,
@@ -166,9 +176,6 @@ impl ReplayTimeline {
             in_flight_covered_ns: if lo > 0 { NANOS_PER_SEC } else { 0 },
             finished: None,
         };
-        if self.cum_area.is_empty() {
-            self.cum_area.push(cum);
-        }
         self.seconds.push(ReplaySecond {
             sec,
             bucket,
@@ -176,55 +183,7 @@ impl ReplayTimeline {
             level_out: level_out as u32,
             inside_events: (starts + ends) as u32,
         });
-        let after = cum + area_ns as i128;
-        self.cum_area.push(after);
-        after
-    }
-
-    /// Index of second `sec` among the active seconds.
-    fn index_of(&self, sec: u64) -> Option<usize> {
-        self.seconds.binary_search_by_key(&sec, |s| s.sec).ok()
-    }
-
-    /// Area (level x ns) of second `sec`; 0 for an idle second.
-    fn area_of(&self, sec: u64) -> i128 {
-        self.index_of(sec)
-            .map_or(0, |i| self.cum_area[i + 1] - self.cum_area[i])
-    }
-
-    /// Area over the whole seconds `from..to` (exclusive), from the cumulative sums.
-    fn area_between(&self, from: u64, to: u64) -> i128 {
-        if to <= from {
-            return 0;
-        }
-        let lo = self.seconds.partition_point(|s| s.sec < from);
-        let hi = self.seconds.partition_point(|s| s.sec < to);
-        self.cum_area[hi] - self.cum_area[lo]
-    }
-
-    /// Time-weighted mean in-flight level over `[start, end]` of a request that is part of this
-    /// timeline (see the module docs for the boundary-second approximation); `fallback` for a
-    /// zero-length request.
-    pub fn request_mean_level(&self, start: UnixNanos, end: UnixNanos, fallback: u32) -> f64 {
-        if end <= start || self.cum_area.is_empty() {
-            return fallback as f64;
-        }
-        let ns = NANOS_PER_SEC as f64;
-        let own = (end - start) as f64;
-        let (a, b) = (second_of(start), second_of(end - 1));
-        let partial = |sec: u64| {
-            let lo = start.max(sec.saturating_mul(NANOS_PER_SEC));
-            let hi = end.min((sec + 1).saturating_mul(NANOS_PER_SEC));
-            let overlap = hi.saturating_sub(lo) as f64;
-            ((self.area_of(sec) as f64 - overlap) * overlap / ns).max(0.0)
-        };
-        let others = if a == b {
-            partial(a)
-        } else {
-            let whole = self.area_between(a + 1, b) - (b - a - 1) as i128 * NANOS_PER_SEC as i128;
-            partial(a) + partial(b) + (whole.max(0) as f64)
-        };
-        mean_level(0, (own + others) as u128, start, end, fallback)
+        cum + area_ns as i128
     }
 
     /// Maximal runs of at least `min_len` consecutive seconds steady at the same level.
@@ -282,19 +241,33 @@ impl Timeline {
         let mut acc = ReplayAccumulator::new();
         records.iter().for_each(|r| acc.add(r));
         let replay = acc.finish();
-        records.sort_by_key(|r| end_ns(r));
-        let requests = records
-            .iter()
-            .map(|r| RequestLevel {
-                level: replay
-                    .request_mean_level(r.start_ns(), end_ns(r), r.in_flight_at_start)
-                    .round() as u32,
-                tok_s: r.tok_s,
-                ttft_ms: r.ttft_ms,
-                in_flight_at_start: r.in_flight_at_start,
-                cold_start: r.cold_start,
-            })
-            .collect();
+        records.sort_by_key(|r| r.start_ns());
+        let mut requests = Vec::with_capacity(records.len());
+        let mut sweep = LevelSweep::new();
+        let mut visit = |r: &RequestRecord, mean: f64| {
+            requests.push((
+                end_ns(r),
+                RequestLevel {
+                    level: mean.round() as u32,
+                    tok_s: r.tok_s,
+                    ttft_ms: r.ttft_ms,
+                    in_flight_at_start: r.in_flight_at_start,
+                    cold_start: r.cold_start,
+                },
+            ))
+        };
+        for r in &records {
+            sweep.push(
+                r.start_ns(),
+                end_ns(r),
+                r.in_flight_at_start,
+                *r,
+                &mut visit,
+            );
+        }
+        sweep.finish(&mut visit);
+        requests.sort_by_key(|(end, _)| *end);
+        let requests = requests.into_iter().map(|(_, l)| l).collect();
         let seconds = replay
             .seconds
             .into_iter()
@@ -306,5 +279,109 @@ impl Timeline {
     /// The capacity curve of the replayed timeline.
     pub fn capacity(&self) -> Vec<CapacityRow> {
         super::capacity::capacity_curve(self.seconds.values(), &self.requests)
+    }
+}
+
+/// A request in flight during a [`LevelSweep`].
+#[derive(Debug)]
+struct Open<T> {
+    end: UnixNanos,
+    seq: u64,
+    start: UnixNanos,
+    area_start: u128,
+    fallback: u32,
+    payload: T,
+}
+
+impl<T> PartialEq for Open<T> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.end, self.seq) == (other.end, other.seq)
+    }
+}
+impl<T> Eq for Open<T> {}
+impl<T> PartialOrd for Open<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<T> Ord for Open<T> {
+    /// Reversed, so the max-heap pops the earliest end first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.end, other.seq).cmp(&(self.end, self.seq))
+    }
+}
+
+/// Exact time-weighted mean in-flight level of every request over its life, from requests fed in
+/// arrival order; holds only the requests in flight.
+#[derive(Debug)]
+pub struct LevelSweep<T> {
+    integrator: InFlightIntegrator,
+    open: BinaryHeap<Open<T>>,
+    seq: u64,
+}
+
+impl<T> Default for LevelSweep<T> {
+    fn default() -> Self {
+        LevelSweep {
+            integrator: InFlightIntegrator::new(),
+            open: BinaryHeap::new(),
+            seq: 0,
+        }
+    }
+}
+
+impl<T> LevelSweep<T> {
+    /// An empty sweep.
+    pub fn new() -> Self {
+        LevelSweep::default()
+    }
+
+    /// Replays every end at or before `t`, reporting each finished request.
+    fn close_until(&mut self, t: UnixNanos, visit: &mut impl FnMut(T, f64)) {
+        while self.open.peek().is_some_and(|o| o.end <= t) {
+            let Some(o) = self.open.pop() else { break };
+            self.integrator.change(o.end, -1, 0, &mut |_, _, _| {});
+            let mean = mean_level(
+                o.area_start,
+                self.integrator.area_ns(),
+                o.start,
+                o.end,
+                o.fallback,
+            );
+            visit(o.payload, mean);
+        }
+    }
+
+    /// Feeds the next request (arrivals must not decrease); `visit(payload, mean level)` is called
+    /// for every request as soon as its level is known. A zero-length request changes no level and
+    /// gets `fallback`.
+    pub fn push(
+        &mut self,
+        start: UnixNanos,
+        end: UnixNanos,
+        fallback: u32,
+        payload: T,
+        visit: &mut impl FnMut(T, f64),
+    ) {
+        self.close_until(start, visit);
+        if end <= start {
+            visit(payload, fallback as f64);
+            return;
+        }
+        self.integrator.change(start, 1, 0, &mut |_, _, _| {});
+        self.seq += 1;
+        self.open.push(Open {
+            end,
+            seq: self.seq,
+            start,
+            area_start: self.integrator.area_ns(),
+            fallback,
+            payload,
+        });
+    }
+
+    /// Replays the remaining ends.
+    pub fn finish(mut self, visit: &mut impl FnMut(T, f64)) {
+        self.close_until(UnixNanos::MAX, visit);
     }
 }

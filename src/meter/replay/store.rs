@@ -32,6 +32,18 @@ pub struct SecondAcc {
     /// Sum over inside events of delta x (second end - event time), level x ns: what the events
     /// add to the area of this second on top of the carried-in level x 1 s.
     pub area_delta_ns: i64,
+    /// Wrapping sum over inside events of delta x [`instant_hash`]`(t)`: 0 when the changes at
+    /// every instant cancel out (an end and a start at the same nanosecond), so the level never
+    /// changed for any length of time; otherwise 0 only by a 2^-64 coincidence.
+    pub net_check: u64,
+}
+
+/// A well-mixed 64-bit hash of an instant (SplitMix64's finalizer), for [`SecondAcc::net_check`].
+pub fn instant_hash(t: UnixNanos) -> u64 {
+    let mut z = t.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 impl SecondAcc {
@@ -46,6 +58,7 @@ impl SecondAcc {
         self.inside_starts += other.inside_starts;
         self.inside_ends += other.inside_ends;
         self.area_delta_ns += other.area_delta_ns;
+        self.net_check = self.net_check.wrapping_add(other.net_check);
     }
 
     /// Whether nothing was ever added (an idle second, unless a level is carried through it).
@@ -66,6 +79,12 @@ impl SecondAcc {
             self.inside_ends += 1;
         }
         self.area_delta_ns += delta * (NANOS_PER_SEC - into) as i64;
+        let h = instant_hash(t);
+        self.net_check = if delta > 0 {
+            self.net_check.wrapping_add(h)
+        } else {
+            self.net_check.wrapping_sub(h)
+        };
     }
 }
 
