@@ -1,6 +1,8 @@
 //! End to end: the proxy (with its access log) in front of the built-in simulator at two
 //! concurrency levels, then `analyze` on the log: the capacity rows match the simulator's
-//! configured decode rate, N x 1000 / (step_base_ms + step_per_seq_ms x N), within 2%.
+//! simulator's own token count over the same steady seconds within 2%, and its configured decode
+//! rate, N x 1000 / (step_base_ms + step_per_seq_ms x N), within 2% whenever the engine kept its
+//! schedule (on a starved CPU it slips and the configured rate is not reached).
 //! Real time: about 8 s (one phase at N = 1, one at N = 4, each ~3.5 s).
 
 mod common;
@@ -61,31 +63,62 @@ async fn capacity_rows_match_the_simulator_within_two_percent() {
     }
     let lines = proxy.log_lines(5).await;
     assert_eq!(lines.len(), 5);
-    let report = analyze(
-        std::slice::from_ref(&proxy.log_path),
-        &AnalyzeOptions::default(),
-    )
-    .unwrap();
+    let opts = AnalyzeOptions {
+        per_second: true,
+        ..AnalyzeOptions::default()
+    };
+    let report = analyze(std::slice::from_ref(&proxy.log_path), &opts).unwrap();
     let rows: Vec<(u32, u64, f64)> = report
         .capacity
         .iter()
         .map(|r| (r.in_flight, r.seconds, r.gen_tok_s.mean))
         .collect();
-    eprintln!("capacity rows (N, steady s, tok/s): {rows:?}");
+    let lag = sim.step_lag();
+    eprintln!("capacity rows (N, steady s, tok/s): {rows:?}; simulator step lag {lag:?}");
+    let per_second = report.timeline.per_second.as_ref().unwrap();
     for n in [1u32, 4] {
-        let want = n as f64 * 1000.0 / (base + per_seq * n as f64);
         let row = report
             .capacity
             .iter()
             .find(|r| r.in_flight == n)
             .unwrap_or_else(|| panic!("no row at N={n}: {rows:?}"));
         assert!(row.seconds >= 2, "N={n}: {rows:?}");
-        let err = (row.gen_tok_s.mean - want).abs() / want;
-        assert!(
-            err < 0.02,
-            "N={n}: {} tok/s vs configured {want:.1}",
+        // The simulator's own count over the same steady seconds (its ground truth).
+        let secs: Vec<u64> = per_second
+            .iter()
+            .filter(|s| s.steady && s.in_flight_min == n)
+            .map(|s| s.t)
+            .collect();
+        assert_eq!(secs.len() as u64, row.seconds);
+        let truth = secs
+            .iter()
+            .map(|&t| sim.generated_tokens_in(t, t + 1))
+            .sum::<u64>() as f64
+            / secs.len() as f64;
+        let err = (row.gen_tok_s.mean - truth).abs() / truth;
+        eprintln!(
+            "N={n}: analyze {:.2} tok/s, simulator {truth:.2} tok/s",
             row.gen_tok_s.mean
         );
+        assert!(
+            err < 0.02,
+            "N={n}: {} tok/s vs simulator {truth:.1}",
+            row.gen_tok_s.mean
+        );
+        // The configured rate holds when the engine kept its schedule (no CPU starvation).
+        let want = n as f64 * 1000.0 / (base + per_seq * n as f64);
+        if lag.resyncs == 0 {
+            let err = (row.gen_tok_s.mean - want).abs() / want;
+            assert!(
+                err < 0.02,
+                "N={n}: {} tok/s vs configured {want:.1}",
+                row.gen_tok_s.mean
+            );
+        } else {
+            eprintln!(
+                "N={n}: the engine slipped ({lag:?}); configured {want:.1} tok/s not checked"
+            );
+        }
     }
     assert_eq!(report.summary.generation_requests, 5);
     assert_eq!(report.summary.completion_tokens, 250 + 4 * 180);
