@@ -194,3 +194,51 @@ fn replay_memory_follows_seconds_not_records() {
     assert_eq!(heap(100), heap(10_000));
     assert!(heap(10_000) < 64 * 1024, "{}", heap(10_000));
 }
+
+#[test]
+fn a_request_ending_as_the_next_begins_keeps_the_second_steady() {
+    // A [0, 5.5 s] then B [5.5 s, 10 s]: the level stays 1 through second 5 (a dip of no length).
+    // C [2.25 s, 2.5 s] with D starting at 2.5 s and ending at 2.75 s: second 2 is not steady.
+    let mut recs = vec![
+        synth::record(synth::T0, 5_500.0, Some(50.0), 55, true, "a"),
+        synth::record(
+            synth::T0 + 5_500_000_000,
+            4_500.0,
+            Some(50.0),
+            45,
+            true,
+            "b",
+        ),
+        synth::record(synth::T0 + 2_250_000_000, 250.0, Some(50.0), 5, true, "c"),
+        synth::record(synth::T0 + 2_500_000_000, 250.0, Some(50.0), 5, true, "d"),
+    ];
+    recs[2].in_flight_at_start = 2;
+    recs[3].in_flight_at_start = 2;
+    let dir = TempDir::new("handover");
+    let path = write(&dir.path("a.jsonl"), &lines_of(&recs));
+    let opts = AnalyzeOptions {
+        per_second: true,
+        steady_min_s: 1,
+        ..AnalyzeOptions::default()
+    };
+    let r = analyze(&[path], &opts).unwrap();
+    let ps = r.timeline.per_second.as_ref().unwrap();
+    let steady: Vec<bool> = ps.iter().map(|s| s.steady).collect();
+    assert_eq!(
+        steady,
+        [true, true, false, true, true, true, true, true, true, true]
+    );
+    assert_eq!((ps[5].in_flight_min, ps[5].in_flight_max), (1, 1));
+    assert!(close(ps[2].in_flight_mean, 1.5));
+    // True range 1..=2; without the order of events only the bounds L - ends, L + starts.
+    assert_eq!((ps[2].in_flight_min, ps[2].in_flight_max), (0, 3));
+    assert_eq!(r.timeline.steady_windows.len(), 2);
+    assert_eq!(r.timeline.steady_windows[1].seconds, 7);
+    // Per-request levels: A's mean is (5.5 + 0.5) / 5.5 -> 1, B's 1; C and D (20 tok/s) are at 2,
+    // which has no steady second, so no row.
+    assert_eq!(r.capacity.len(), 1);
+    let row = &r.capacity[0];
+    assert_eq!((row.in_flight, row.seconds), (1, 9));
+    assert_eq!(row.per_request_tok_s.min, Some(10.0));
+    assert_eq!(row.per_request_tok_s.max, Some(10.0));
+}
