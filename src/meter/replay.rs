@@ -93,16 +93,15 @@ impl ReplayAccumulator {
         let mut tl = ReplayTimeline::default();
         let mut level: i64 = 0;
         let mut prev: Option<u64> = None;
-        let mut cum: i128 = 0;
         for (sec, acc) in self.store.iter() {
             // Seconds with nothing recorded while requests were running were steady.
             if let (Some(p), true) = (prev, level > 0) {
                 for gap in p + 1..sec {
                     let quiet = SecondAcc::default();
-                    cum = tl.push(gap, &quiet, level, cum);
+                    tl.push(gap, &quiet, level);
                 }
             }
-            cum = tl.push(sec, acc, level, cum);
+            tl.push(sec, acc, level);
             level = tl.seconds.last().map_or(0, |r| r.level_out as i64);
             prev = Some(sec);
         }
@@ -147,8 +146,8 @@ pub struct ReplayTimeline {
 }
 
 impl ReplayTimeline {
-    /// Appends second `sec` with carried level `before`; returns the cumulative area after it.
-    fn push(&mut self, sec: u64, acc: &SecondAcc, before: i64, cum: i128) -> i128 {
+    /// Appends second `sec` with carried level `before`.
+    fn push(&mut self, sec: u64, acc: &SecondAcc, before: i64) {
         let ns = NANOS_PER_SEC as i64;
         let level_in = (before + acc.boundary_delta).max(0);
         let area_ns = (level_in * ns + acc.area_delta_ns).max(0);
@@ -183,7 +182,6 @@ impl ReplayTimeline {
             level_out: level_out as u32,
             inside_events: (starts + ends) as u32,
         });
-        cum + area_ns as i128
     }
 
     /// Maximal runs of at least `min_len` consecutive seconds steady at the same level.
