@@ -213,3 +213,25 @@ fn binary_prints_tables_and_writes_json_svg_and_html() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open"));
 }
+
+#[test]
+fn html_escapes_every_cell() {
+    let mut recs = tokenmeter::analyze::synth::steady_phases();
+    recs[0].user = "<b>x|y</b> & co".into();
+    let dir = TempDir::new("html");
+    let path = dir.path("a.jsonl");
+    std::fs::write(&path, analyze_support::lines_of(&recs)).unwrap();
+    let r = analyze(&[path], &AnalyzeOptions::default()).unwrap();
+    let page = tokenmeter::analyze::html::page(&r);
+    assert!(
+        page.contains("<td>&lt;b&gt;x|y&lt;/b&gt; &amp; co</td>"),
+        "{page}"
+    );
+    assert!(!page.contains("<b>x"));
+    // Every table row of the per-user table has its six cells.
+    let users = page.split("<h2>Per user</h2>").nth(1).unwrap();
+    let table = &users[..users.find("</table>").unwrap()];
+    for row in table.split("<tr>").skip(2) {
+        assert_eq!(row.matches("<td>").count(), 6, "{row}");
+    }
+}

@@ -4,25 +4,19 @@ use std::fmt::Write;
 
 use super::report::Report;
 use super::svg::{self, esc};
-use super::tables;
+use super::tables::{self, Grid};
 
-/// Converts one rendered Markdown-style table into an HTML table.
-fn html_table(text: &str) -> String {
-    let mut out = String::from("<table>");
-    for (i, line) in text.lines().enumerate() {
-        if i == 1 {
-            continue; // the |---| separator
-        }
-        let cells: Vec<&str> = line
-            .trim()
-            .trim_matches('|')
-            .split(" |")
-            .map(str::trim)
-            .collect();
-        let tag = if i == 0 { "th" } else { "td" };
+/// One grid as an HTML table, every cell escaped.
+fn html_table(g: &Grid) -> String {
+    let mut out = String::from("<table><tr>");
+    for h in &g.headers {
+        let _ = write!(out, "<th>{}</th>", esc(h));
+    }
+    out.push_str("</tr>");
+    for row in &g.rows {
         out.push_str("<tr>");
-        for c in cells {
-            let _ = write!(out, "<{tag}>{}</{tag}>", esc(c));
+        for c in row {
+            let _ = write!(out, "<td>{}</td>", esc(c));
         }
         out.push_str("</tr>");
     }
@@ -38,8 +32,8 @@ pub fn page(r: &Report) -> String {
          td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#eee}</style></head><body>\
          <h1>tokenmeter analyze</h1>\n",
     );
-    for (title, body) in tables::sections(r) {
-        let _ = writeln!(o, "<h2>{}</h2>{}", esc(&title), html_table(&body));
+    for (title, g) in tables::sections(r) {
+        let _ = writeln!(o, "<h2>{}</h2>{}", esc(&title), html_table(&g));
     }
     o.push_str("<h2>Plots</h2>\n");
     for (_, s) in svg::all(r) {

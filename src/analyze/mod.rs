@@ -12,7 +12,7 @@ mod build;
 mod collect;
 mod drive;
 pub mod filter;
-mod html;
+pub mod html;
 pub mod input;
 pub mod parse;
 pub mod report;

@@ -30,8 +30,25 @@ pub fn marginal_text(row: &CapacityRow, prev_n: Option<u32>) -> String {
     }
 }
 
+/// A table's cells.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grid {
+    /// Column headers.
+    pub headers: Vec<String>,
+    /// Rows of cells.
+    pub rows: Vec<Vec<String>>,
+}
+
+/// A grid from headers and rows.
+pub fn grid(headers: &[&str], rows: &[Vec<String>]) -> Grid {
+    Grid {
+        headers: headers.iter().map(|h| h.to_string()).collect(),
+        rows: rows.to_vec(),
+    }
+}
+
 /// A table with aligned columns.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+pub fn table(headers: &[String], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -47,7 +64,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
         s.push('\n');
         s
     };
-    let mut out = line(&mut headers.iter().copied());
+    let mut out = line(&mut headers.iter().map(String::as_str));
     out.push('|');
     for w in &widths {
         let _ = write!(out, "{}|", "-".repeat(w + 2));
@@ -101,8 +118,8 @@ pub const CAPACITY_HEADERS: [&str; 7] = [
     "Steady s",
 ];
 
-/// Every section as (title, table text).
-pub fn sections(r: &Report) -> Vec<(String, String)> {
+/// Every section as (title, cells).
+pub fn sections(r: &Report) -> Vec<(String, Grid)> {
     let s = &r.summary;
     let i = &r.inputs;
     let mut out = Vec::new();
@@ -162,7 +179,7 @@ pub fn sections(r: &Report) -> Vec<(String, String)> {
     for e in &i.read_errors {
         summary.push(vec!["Read error".into(), e.clone()]);
     }
-    out.push(("Summary".into(), table(&["", ""], &summary)));
+    out.push(("Summary".into(), grid(&["", ""], &summary)));
     let windows: Vec<Vec<String>> = r
         .timeline
         .steady_windows
@@ -181,11 +198,11 @@ pub fn sections(r: &Report) -> Vec<(String, String)> {
             "Steady windows (≥ {} s; {} active s, {} steady s)",
             r.timeline.steady_min_s, r.timeline.active_seconds, r.timeline.steady_seconds
         ),
-        table(&["Start", "Length s", "Running", "Gen tok/s"], &windows),
+        grid(&["Start", "Length s", "Running", "Gen tok/s"], &windows),
     ));
     out.push((
         "Capacity (steady seconds only)".into(),
-        table(&CAPACITY_HEADERS, &capacity_rows(&r.capacity)),
+        grid(&CAPACITY_HEADERS, &capacity_rows(&r.capacity)),
     ));
     let knee = r.saturation.knee.as_ref();
     let sat: Vec<Vec<String>> = r
@@ -221,7 +238,7 @@ pub fn sections(r: &Report) -> Vec<(String, String)> {
     };
     out.push((
         knee_title,
-        table(
+        grid(
             &[
                 "In flight at arrival",
                 "Requests",
@@ -254,7 +271,7 @@ pub fn sections(r: &Report) -> Vec<(String, String)> {
         .collect();
     out.push((
         "Per user".into(),
-        table(
+        grid(
             &[
                 "User",
                 "Requests",
@@ -284,7 +301,7 @@ pub fn sections(r: &Report) -> Vec<(String, String)> {
             "Cold starts ({}; kept out of the curve's TTFT)",
             r.cold_starts.count
         ),
-        table(&["Arrival", "User", "TTFT ms", "E2E ms"], &cold),
+        grid(&["Arrival", "User", "TTFT ms", "E2E ms"], &cold),
     ));
     out
 }
@@ -292,8 +309,8 @@ pub fn sections(r: &Report) -> Vec<(String, String)> {
 /// The whole human report.
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
-    for (title, body) in sections(r) {
-        let _ = writeln!(out, "## {title}\n\n{body}");
+    for (title, g) in sections(r) {
+        let _ = writeln!(out, "## {title}\n\n{}", table(&g.headers, &g.rows));
     }
     out
 }
