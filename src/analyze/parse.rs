@@ -155,12 +155,16 @@ pub fn parse_line(line: &[u8]) -> Parsed<'_> {
     if line.iter().all(u8::is_ascii_whitespace) {
         return Parsed::Blank;
     }
-    let raw: RawLine = match serde_json::from_slice(line) {
+    // One fast whole-line UTF-8 check, so the JSON reader need not re-validate every string.
+    let Ok(line) = std::str::from_utf8(line) else {
+        return Parsed::Bad(BadReason::NotJson);
+    };
+    let raw: RawLine = match serde_json::from_str(line) {
         Ok(raw) => raw,
         Err(e) => {
             if e.is_data() {
                 // A well-formed object whose fields did not fit: another type is still "other".
-                if let Ok(TypeOnly { kind: Some(k) }) = serde_json::from_slice::<TypeOnly>(line) {
+                if let Ok(TypeOnly { kind: Some(k) }) = serde_json::from_str::<TypeOnly>(line) {
                     if k.0 != "request" {
                         return Parsed::Other;
                     }

@@ -41,6 +41,7 @@ use crate::record::RequestRecord;
 use super::capacity::{CapacityAccumulator, CapacityRow, RequestLevel};
 use super::timeline::{
     attribute_record, end_ns, mean_level, second_of, InFlightIntegrator, SecondBucket,
+    MAX_SPREAD_SECONDS,
 };
 
 pub use store::{SecondAcc, SecondStore};
@@ -96,7 +97,9 @@ impl ReplayAccumulator {
         for (sec, acc) in self.store.iter() {
             // Seconds with nothing recorded while requests were running were steady.
             if let (Some(p), true) = (prev, level > 0) {
-                for gap in p + 1..sec {
+                // Like the integrator, report at most the last MAX_SPREAD_SECONDS of a stretch
+                // (only a corrupt record keeps requests open that long).
+                for gap in (p + 1).max(sec.saturating_sub(MAX_SPREAD_SECONDS))..sec {
                     let quiet = SecondAcc::default();
                     tl.push(gap, &quiet, level);
                 }

@@ -93,7 +93,11 @@ type Chunk = Box<[SecondAcc; CHUNK_SECS as usize]>;
 /// Sparse map from Unix second to [`SecondAcc`], in chunks of [`CHUNK_SECS`] seconds.
 #[derive(Debug, Clone, Default)]
 pub struct SecondStore {
-    chunks: BTreeMap<u64, Chunk>,
+    /// Chunk number to its index in `chunks` (ordered, for the sweep).
+    index: BTreeMap<u64, usize>,
+    chunks: Vec<Chunk>,
+    /// The last chunk used: consecutive seconds of one spread hit it without a map lookup.
+    last: Option<(u64, usize)>,
 }
 
 impl SecondStore {
@@ -104,32 +108,48 @@ impl SecondStore {
 
     /// The accumulator of second `sec`, created (zeroed) when absent.
     pub fn at(&mut self, sec: u64) -> &mut SecondAcc {
-        let chunk = self
-            .chunks
-            .entry(sec / CHUNK_SECS)
-            .or_insert_with(|| Box::new([SecondAcc::default(); CHUNK_SECS as usize]));
-        &mut chunk[(sec % CHUNK_SECS) as usize]
+        let key = sec / CHUNK_SECS;
+        let idx = match self.last {
+            Some((k, i)) if k == key => i,
+            _ => {
+                let next = self.chunks.len();
+                let i = *self.index.entry(key).or_insert(next);
+                if i == next {
+                    self.chunks
+                        .push(Box::new([SecondAcc::default(); CHUNK_SECS as usize]));
+                }
+                self.last = Some((key, i));
+                i
+            }
+        };
+        &mut self.chunks[idx][(sec % CHUNK_SECS) as usize]
     }
 
     /// Adds everything in `other` into `self`.
     pub fn merge(&mut self, other: SecondStore) {
-        for (key, chunk) in other.chunks {
-            match self.chunks.get_mut(&key) {
-                Some(mine) => mine
+        let mut theirs: Vec<Option<Chunk>> = other.chunks.into_iter().map(Some).collect();
+        for (key, idx) in other.index {
+            let Some(chunk) = theirs.get_mut(idx).and_then(Option::take) else {
+                continue;
+            };
+            match self.index.get(&key) {
+                Some(&mine) => self.chunks[mine]
                     .iter_mut()
                     .zip(chunk.iter())
                     .for_each(|(a, b)| a.merge(b)),
                 None => {
-                    self.chunks.insert(key, chunk);
+                    self.index.insert(key, self.chunks.len());
+                    self.chunks.push(chunk);
                 }
             }
         }
+        self.last = None;
     }
 
     /// Every non-empty second in ascending order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, &SecondAcc)> + '_ {
-        self.chunks.iter().flat_map(|(&key, chunk)| {
-            chunk
+        self.index.iter().flat_map(move |(&key, &idx)| {
+            self.chunks[idx]
                 .iter()
                 .enumerate()
                 .filter(|(_, acc)| !acc.is_empty())
