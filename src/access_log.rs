@@ -239,8 +239,15 @@ struct DropReporter {
 impl DropReporter {
     fn report(&mut self, counters: &AccessLogCounters) {
         let dropped = counters.dropped.load(Ordering::Relaxed);
-        if dropped > self.reported && self.last.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(1)) {
-            tracing::warn!(dropped_total = dropped, "access log: queue full, records dropped (raise access_log_buffer)");
+        if dropped > self.reported
+            && self
+                .last
+                .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(1))
+        {
+            tracing::warn!(
+                dropped_total = dropped,
+                "access log: queue full, records dropped (raise access_log_buffer)"
+            );
             self.reported = dropped;
             self.last = Some(std::time::Instant::now());
         }
