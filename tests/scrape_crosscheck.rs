@@ -94,7 +94,12 @@ async fn window(p: &TestProxy) -> serde_json::Value {
         .as_ref()
         .unwrap()
         .meter()
-        .snapshot(Clock::global().now(), SnapshotQuery::default(), "sim", &Default::default())
+        .snapshot(
+            Clock::global().now(),
+            SnapshotQuery::default(),
+            "sim",
+            &Default::default(),
+        )
         .await
         .unwrap();
     let v = serde_json::to_value(&snap).unwrap();
@@ -103,7 +108,11 @@ async fn window(p: &TestProxy) -> serde_json::Value {
 }
 
 async fn get_stats(p: &TestProxy) -> serde_json::Value {
-    let r = raw_request(p.addr, b"GET /stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await;
+    let r = raw_request(
+        p.addr,
+        b"GET /stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
     let v = r.json();
     assert_schema("stats.schema.json", &v);
     v
@@ -130,7 +139,10 @@ async fn steady_window_agrees_with_the_server_within_one_percent() {
     assert!(pct.abs() < 1.0, "disagreement {pct}%");
     assert_eq!(s["disagreement"], false);
     let server = s["gen_tok_s"].as_f64().unwrap();
-    assert!((server - 349.3).abs() / 349.3 < 0.05, "server {server} tok/s");
+    assert!(
+        (server - 349.3).abs() / 349.3 < 0.05,
+        "server {server} tok/s"
+    );
     assert_eq!(s["running"]["min"], 16.0);
     assert_eq!(s["running"]["max"], 16.0);
     assert_eq!(s["waiting"]["max"], 0.0);
@@ -145,7 +157,10 @@ async fn steady_window_agrees_with_the_server_within_one_percent() {
     assert_eq!(scrape["errors"], 0);
     // The samples are in the access log too, beside the request lines.
     let lines = p.finish().await;
-    let samples: Vec<_> = lines.iter().filter(|l| l["type"] == "server_sample").collect();
+    let samples: Vec<_> = lines
+        .iter()
+        .filter(|l| l["type"] == "server_sample")
+        .collect();
     assert!(samples.len() as u64 >= WINDOW_S, "{}", samples.len());
     for s in &samples {
         assert_schema("server_sample.schema.json", s);
@@ -153,7 +168,10 @@ async fn steady_window_agrees_with_the_server_within_one_percent() {
     let last = samples.last().unwrap();
     assert_eq!(last["running"], 16.0);
     assert!(last["ttft_count"].as_f64().unwrap() >= 16.0);
-    let gen: Vec<f64> = samples.iter().map(|s| s["generation_tokens_total"].as_f64().unwrap()).collect();
+    let gen: Vec<f64> = samples
+        .iter()
+        .map(|s| s["generation_tokens_total"].as_f64().unwrap())
+        .collect();
     assert!(gen.windows(2).all(|w| w[0] <= w[1]));
     sim.shutdown().await;
 }
@@ -165,7 +183,13 @@ async fn traffic_bypassing_the_proxy_raises_the_flag() {
     let started = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut tasks = hold_streams(p.addr, 16, "through", deadline, started.clone());
-    tasks.extend(hold_streams(sim.addr(), 8, "bypass", deadline, started.clone()));
+    tasks.extend(hold_streams(
+        sim.addr(),
+        8,
+        "bypass",
+        deadline,
+        started.clone(),
+    ));
     wait_for(&started, 24).await;
     sleep_seconds(WINDOW_S, 150).await;
     let w = window(&p).await;
@@ -224,10 +248,20 @@ async fn a_dead_metrics_endpoint_is_an_error_and_the_proxy_keeps_serving() {
     assert!(scrape["last_ok"].is_null());
     let s = &v["windows"][format!("{WINDOW_S}s")]["server"];
     assert_eq!(s["samples"], 0);
-    for k in ["gen_tok_s", "proxy_gen_tok_s", "disagreement_pct", "disagreement", "running"] {
+    for k in [
+        "gen_tok_s",
+        "proxy_gen_tok_s",
+        "disagreement_pct",
+        "disagreement",
+        "running",
+    ] {
         assert!(s[k].is_null(), "{k}: {s}");
     }
-    let r = raw_request(p.addr, b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await;
+    let r = raw_request(
+        p.addr,
+        b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
     assert_eq!(r.status, 200);
     p.stop().await;
     sim.shutdown().await;
@@ -247,10 +281,44 @@ async fn a_silent_metrics_endpoint_times_out() {
     });
     let p = proxy(&format!("http://{}", sim.addr()), Some(&url)).await;
     let v = stats_after_an_error(&p).await;
-    let err = v["server_scrape"]["last_error"].as_str().unwrap().to_string();
+    let err = v["server_scrape"]["last_error"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(err.contains("timed out"), "{err}");
     assert_eq!(v["server_scrape"]["timeout_ms"], 500);
     hold.abort();
     p.stop().await;
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_simulators_metrics_parse_to_its_exact_counters() {
+    let sim = sim().await;
+    for (i, max) in [7, 11, 13].iter().enumerate() {
+        let body = format!(
+            r#"{{"model":"sim-model","messages":[{{"role":"user","content":"count {i}"}}],"max_tokens":{max}}}"#
+        );
+        let r = raw_request(sim.addr(), &post("/v1/chat/completions", &body, &[])).await;
+        assert_eq!(r.status, 200);
+    }
+    let r = raw_request(
+        sim.addr(),
+        b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    let text = tokenmeter::scrape::prom_text::parse(&String::from_utf8(r.body).unwrap());
+    assert_eq!(text.garbage, 0);
+    let v = tokenmeter::scrape::prom_text::extract(&text);
+    let c = sim.counters();
+    assert_eq!(c.generation_tokens_total, 31);
+    assert_eq!(v.generation_tokens_total, Some(31.0));
+    assert_eq!(v.prompt_tokens_total, Some(c.prompt_tokens_total as f64));
+    assert_eq!((v.running, v.waiting), (Some(0.0), Some(0.0)));
+    assert_eq!(v.kv_cache_usage, Some(0.0));
+    let h = v.ttft.unwrap();
+    assert_eq!(h.count, 3.0);
+    assert_eq!(h.buckets.last().unwrap().1, 3.0);
+    assert!(h.sum > 0.0);
     sim.shutdown().await;
 }

@@ -59,7 +59,10 @@ fn recorded_after() {
     assert_eq!(v.prompt_tokens_total, Some(231.0));
     let h = v.ttft.unwrap();
     assert_eq!((h.count, h.sum), (21.0, 0.13684940338134766));
-    assert_eq!(&h.buckets[..3], &[(0.001, 0.0), (0.005, 10.0), (0.01, 19.0)]);
+    assert_eq!(
+        &h.buckets[..3],
+        &[(0.001, 0.0), (0.005, 10.0), (0.01, 19.0)]
+    );
 }
 
 #[test]
@@ -83,7 +86,10 @@ vllm:time_to_first_token_seconds_count{engine=\"1\",model_name=\"a\"} 5.0
     let v = extract(&parse(text));
     assert_eq!(v.running, Some(7.0));
     assert_eq!(v.generation_tokens_total, Some(150.0));
-    assert!((v.kv_cache_usage.unwrap() - 0.3).abs() < 1e-12, "mean, not sum");
+    assert!(
+        (v.kv_cache_usage.unwrap() - 0.3).abs() < 1e-12,
+        "mean, not sum"
+    );
     let h = v.ttft.unwrap();
     assert_eq!(h.buckets, vec![(0.1, 3.0)]);
     assert_eq!((h.sum, h.count), (2.0, 6.0));
@@ -91,7 +97,9 @@ vllm:time_to_first_token_seconds_count{engine=\"1\",model_name=\"a\"} 5.0
 
 #[test]
 fn missing_series_are_none() {
-    let v = extract(&parse("vllm:num_requests_running{engine=\"0\"} 2\nother_metric 5\n"));
+    let v = extract(&parse(
+        "vllm:num_requests_running{engine=\"0\"} 2\nother_metric 5\n",
+    ));
     assert_eq!(v.running, Some(2.0));
     assert_eq!(v.waiting, None);
     assert_eq!(v.generation_tokens_total, None);
@@ -106,7 +114,11 @@ fn deprecated_kv_cache_name_is_the_fallback() {
     let old = "vllm:gpu_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n";
     assert_eq!(extract(&parse(old)).kv_cache_usage, Some(0.25));
     let both = format!("{old}vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"m\"}} 0.5\n");
-    assert_eq!(extract(&parse(&both)).kv_cache_usage, Some(0.5), "the new name wins");
+    assert_eq!(
+        extract(&parse(&both)).kv_cache_usage,
+        Some(0.5),
+        "the new name wins"
+    );
 }
 
 #[test]
@@ -124,10 +136,14 @@ fn garbage_lines_are_skipped_and_counted() {
 #[test]
 fn counter_reset_counts_the_new_value() {
     // Recorded before → during → after is the same server; after → before is a restart.
-    let seq: Vec<f64> = ["metrics_before.txt", "metrics_during_load_c8.txt", "metrics_after.txt"]
-        .iter()
-        .map(|f| values(f).0.generation_tokens_total.unwrap())
-        .collect();
+    let seq: Vec<f64> = [
+        "metrics_before.txt",
+        "metrics_during_load_c8.txt",
+        "metrics_after.txt",
+    ]
+    .iter()
+    .map(|f| values(f).0.generation_tokens_total.unwrap())
+    .collect();
     assert_eq!(seq, vec![20.0, 45234.0, 157.0]);
     // 20 → 45234: +45214; 45234 → 157: reset, the counter restarted and counted 157 since.
     assert_eq!(increase(&seq), (45214.0 + 157.0, 1));

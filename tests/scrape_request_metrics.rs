@@ -24,7 +24,9 @@ fn chat(stream: bool, include_usage: bool) -> String {
     } else {
         ""
     };
-    format!(r#"{{"model":"sim-model","messages":[{{"role":"user","content":"hello"}}],"max_tokens":5,"stream":{stream}{opts}}}"#)
+    format!(
+        r#"{{"model":"sim-model","messages":[{{"role":"user","content":"hello"}}],"max_tokens":5,"stream":{stream}{opts}}}"#
+    )
 }
 
 /// The `metrics` object of the last event (or of the body) that carries one.
@@ -88,14 +90,24 @@ fn keys(v: &serde_json::Value) -> Vec<String> {
 async fn injected_usage_event_yields_the_timings_and_stays_hidden() {
     let sim = sim(true).await;
     let p = TestProxy::start(&format!("http://{}", sim.addr()), |_| {}).await;
-    let via = raw_request(p.addr, &post("/v1/chat/completions", &chat(true, false), &[])).await;
+    let via = raw_request(
+        p.addr,
+        &post("/v1/chat/completions", &chat(true, false), &[]),
+    )
+    .await;
     let text = String::from_utf8(via.body).unwrap();
-    assert!(!text.contains("\"usage\""), "the injected usage event reached the client: {text}");
+    assert!(
+        !text.contains("\"usage\""),
+        "the injected usage event reached the client: {text}"
+    );
     assert!(metrics_of(&text).is_none());
     let rec = &p.log_lines(1).await[0];
     assert_eq!(rec["tokens_source"], "usage");
     let ttft = rec["server_ttft_ms"].as_f64().unwrap();
-    assert!(ttft > 0.0 && ttft <= rec["ttft_ms"].as_f64().unwrap(), "{rec}");
+    assert!(
+        ttft > 0.0 && ttft <= rec["ttft_ms"].as_f64().unwrap(),
+        "{rec}"
+    );
     assert!(rec["server_queue_ms"].as_f64().unwrap() >= 0.0);
     assert!(rec["server_mean_itl_ms"].as_f64().unwrap() > 0.0);
     p.stop().await;
@@ -107,7 +119,11 @@ async fn without_the_metrics_object_the_fields_are_null() {
     let sim = sim(false).await;
     let p = TestProxy::start(&format!("http://{}", sim.addr()), |_| {}).await;
     for (stream, usage) in [(false, false), (true, true), (true, false)] {
-        raw_request(p.addr, &post("/v1/chat/completions", &chat(stream, usage), &[])).await;
+        raw_request(
+            p.addr,
+            &post("/v1/chat/completions", &chat(stream, usage), &[]),
+        )
+        .await;
     }
     for rec in p.log_lines(3).await {
         for k in ["server_queue_ms", "server_ttft_ms", "server_mean_itl_ms"] {

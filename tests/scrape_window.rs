@@ -71,7 +71,10 @@ fn rates_min_max_and_disagreement() {
     let mut strict = ServerTrack::new(4.0);
     strict.push(sample(T0 + 3 * S / 2, Some(1000.0), 3.0, 4));
     strict.push(sample(T0 + 11 * S / 2, Some(1420.0), 4.0, 4));
-    assert_eq!(strict.window(T0, T0 + 10 * S, &ring()).disagreement, Some(true));
+    assert_eq!(
+        strict.window(T0, T0 + 10 * S, &ring()).disagreement,
+        Some(true)
+    );
     // Only samples inside [from, to) count.
     let w = t.window(T0 + 2 * S, T0 + 10 * S, &ring());
     assert_eq!((w.samples, w.interval_s), (2, Some(2.0)));
@@ -84,7 +87,10 @@ fn one_sample_gives_levels_but_no_rates() {
     let w = t.window(T0, T0 + 10 * S, &ring());
     assert_eq!(w.samples, 1);
     assert_eq!(w.running.unwrap().max, 3.0);
-    assert_eq!((w.interval_s, w.gen_tok_s, w.disagreement), (None, None, None));
+    assert_eq!(
+        (w.interval_s, w.gen_tok_s, w.disagreement),
+        (None, None, None)
+    );
     let empty = t.window(T0 + 5 * S, T0 + 10 * S, &ring());
     assert_eq!(empty.samples, 0);
     assert!(empty.running.is_none() && empty.proxy_in_flight.is_none());
@@ -116,7 +122,11 @@ fn missing_counter_and_idle_server() {
     assert_eq!(w.disagreement_pct, None);
     assert_eq!(w.disagreement, Some(false), "neither side generated");
     let w = t.window(T0, T0 + 10 * S, &ring());
-    assert_eq!(w.disagreement, Some(true), "the proxy saw tokens the server did not count");
+    assert_eq!(
+        w.disagreement,
+        Some(true),
+        "the proxy saw tokens the server did not count"
+    );
 }
 
 #[test]
@@ -143,7 +153,10 @@ fn log_line_matches_its_schema_with_and_without_values() {
     assert_eq!(v["ts"], "2027-01-15T08:00:00.123456Z");
     assert_eq!(v["ts_ns"], T0 + 123_456_789);
     assert_eq!(v["generation_tokens_total"], 45234.0);
-    assert_eq!(v["ttft_buckets"], serde_json::json!([[0.001, 0.0], [0.005, 19.0]]));
+    assert_eq!(
+        v["ttft_buckets"],
+        serde_json::json!([[0.001, 0.0], [0.005, 19.0]])
+    );
     assert_eq!(v["ttft_count"], 246.0);
     let bare = ServerSample {
         ts_ns: T0,
@@ -159,13 +172,20 @@ fn log_line_matches_its_schema_with_and_without_values() {
     // The schema is strict: an unknown field or a wrong type is rejected.
     let mut bad = v.clone();
     bad["extra"] = 1.into();
-    assert!(jsonschema::validator_for(&schema()).unwrap().validate(&bad).is_err());
+    assert!(jsonschema::validator_for(&schema())
+        .unwrap()
+        .validate(&bad)
+        .is_err());
     let mut bad = v;
     bad["type"] = "request".into();
-    assert!(jsonschema::validator_for(&schema()).unwrap().validate(&bad).is_err());
+    assert!(jsonschema::validator_for(&schema())
+        .unwrap()
+        .validate(&bad)
+        .is_err());
 }
 
 fn schema() -> serde_json::Value {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/server_sample.schema.json");
+    let p =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/server_sample.schema.json");
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }

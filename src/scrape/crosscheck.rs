@@ -99,15 +99,21 @@ pub fn increase(values: &[f64]) -> (f64, u64) {
 
 /// Completion tokens of `ring` attributed to `[t0, t1]`, each second weighted by its overlap.
 pub fn proxy_tokens(ring: &Ring, t0: UnixNanos, t1: UnixNanos) -> f64 {
+    let (a, b) = (t0 / NANOS_PER_SEC, t1.div_ceil(NANOS_PER_SEC));
+    pro_rata(ring.range(a, b).map(|(s, b)| (*s, b.gen_tokens)), t0, t1)
+}
+
+/// Sum of `(second, tokens)` over `[t0, t1]`, each second weighted by its overlap with it.
+pub fn pro_rata(seconds: impl Iterator<Item = (u64, f64)>, t0: UnixNanos, t1: UnixNanos) -> f64 {
     if t1 <= t0 {
         return 0.0;
     }
     let mut total = 0.0;
-    for (s, b) in ring.range(t0 / NANOS_PER_SEC, t1.div_ceil(NANOS_PER_SEC)) {
-        let lo = (s * NANOS_PER_SEC).max(t0);
-        let hi = ((s + 1) * NANOS_PER_SEC).min(t1);
+    for (s, tokens) in seconds {
+        let lo = s.saturating_mul(NANOS_PER_SEC).max(t0);
+        let hi = s.saturating_add(1).saturating_mul(NANOS_PER_SEC).min(t1);
         if hi > lo {
-            total += b.gen_tokens * (hi - lo) as f64 / NANOS_PER_SEC as f64;
+            total += tokens * (hi - lo) as f64 / NANOS_PER_SEC as f64;
         }
     }
     total
@@ -171,6 +177,21 @@ impl ServerTrack {
 
     /// The `server` object for samples with `from <= ts < to`, the proxy's tokens read from `ring`.
     pub fn window(&self, from: UnixNanos, to: UnixNanos, ring: &Ring) -> ServerWindow {
+        self.window_with(from, to, |a, b| proxy_tokens(ring, a, b))
+    }
+
+    /// All samples, oldest first.
+    pub fn samples(&self) -> impl Iterator<Item = &ServerSample> {
+        self.samples.iter()
+    }
+
+    /// As [`ServerTrack::window`], the proxy's tokens over `[t_first, t_last]` given by `proxy`.
+    pub fn window_with(
+        &self,
+        from: UnixNanos,
+        to: UnixNanos,
+        proxy: impl Fn(UnixNanos, UnixNanos) -> f64,
+    ) -> ServerWindow {
         let start = self.samples.partition_point(|s| s.ts_ns < from);
         let inside: Vec<&ServerSample> = self
             .samples
@@ -223,7 +244,7 @@ impl ServerTrack {
         w.counter_resets = resets.max(prompt_inc.map_or(0, |(_, r)| r));
         w.gen_tok_s = Some(server_gen / secs);
         w.prompt_tok_s = prompt_inc.map(|(p, _)| p / secs);
-        let proxy = proxy_tokens(ring, first.ts_ns, last.ts_ns);
+        let proxy = proxy(first.ts_ns, last.ts_ns);
         w.proxy_gen_tok_s = Some(proxy / secs);
         if resets == 0 {
             if server_gen > 0.0 {

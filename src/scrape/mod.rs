@@ -4,6 +4,7 @@
 
 pub mod crosscheck;
 pub mod prom_text;
+pub mod report;
 pub mod sample;
 pub mod scraper;
 

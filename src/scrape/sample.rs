@@ -50,3 +50,42 @@ impl ServerSample {
         out
     }
 }
+
+impl ServerSample {
+    /// Reads a `server_sample` access-log line back; `None` for other lines or a malformed one.
+    pub fn from_json(v: &serde_json::Value) -> Option<ServerSample> {
+        if v.get("type")?.as_str()? != "server_sample" {
+            return None;
+        }
+        let num = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
+        let ttft = match (num("ttft_count"), num("ttft_sum_s")) {
+            (Some(count), Some(sum)) => Some(super::HistogramValues {
+                buckets: v
+                    .get("ttft_buckets")
+                    .and_then(|b| b.as_array())
+                    .map(|b| {
+                        b.iter()
+                            .filter_map(|p| Some((p.get(0)?.as_f64()?, p.get(1)?.as_f64()?)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                sum,
+                count,
+            }),
+            _ => None,
+        };
+        Some(ServerSample {
+            ts_ns: v.get("ts_ns")?.as_u64()?,
+            values: VllmValues {
+                running: num("running"),
+                waiting: num("waiting"),
+                generation_tokens_total: num("generation_tokens_total"),
+                prompt_tokens_total: num("prompt_tokens_total"),
+                kv_cache_usage: num("kv_cache_usage"),
+                ttft,
+            },
+            proxy_in_flight: v.get("proxy_in_flight").and_then(serde_json::Value::as_u64),
+            scrape_ms: num("scrape_ms").unwrap_or(0.0),
+        })
+    }
+}

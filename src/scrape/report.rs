@@ -1,0 +1,186 @@
+//! The cross-check over an access log, for `analyze`: the proxy's tokens (replayed from the
+//! `request` lines) beside vLLM's counter (the `server_sample` lines) over the same intervals —
+//! per steady window, per scrape interval, and over the whole log.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::clock::{format_rfc3339_micros, UnixNanos, NANOS_PER_SEC};
+use crate::meter::replay::Timeline;
+
+use super::crosscheck::{pro_rata, ServerTrack, ServerWindow};
+use super::sample::ServerSample;
+
+/// One compared interval.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CrossRow {
+    /// Start of the window (or interval), RFC 3339.
+    pub start: String,
+    /// The same, Unix nanoseconds.
+    pub start_ns: UnixNanos,
+    /// Length of the window, seconds (for a scrape interval: between its two samples).
+    pub seconds: f64,
+    /// The in-flight level the window was steady at; `null` when not steady or not a window.
+    pub n: Option<u32>,
+    /// The comparison over the samples inside (see [`ServerWindow`]).
+    pub server: ServerWindow,
+}
+
+/// The whole offline cross-check.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CrossReport {
+    /// Disagreements beyond this percentage are flagged.
+    pub threshold_pct: f64,
+    /// `server_sample` lines read.
+    pub samples: u64,
+    /// Steady windows of `window_s` seconds, tiled from the log's first second.
+    pub steady_windows: Vec<CrossRow>,
+    /// Consecutive scrape intervals.
+    pub intervals: Vec<CrossRow>,
+    /// From the first to the last sample.
+    pub overall: Option<CrossRow>,
+}
+
+fn proxy_fn(tl: &Timeline) -> impl Fn(UnixNanos, UnixNanos) -> f64 + '_ {
+    move |a, b| {
+        let range = (a / NANOS_PER_SEC)..b.div_ceil(NANOS_PER_SEC);
+        pro_rata(
+            tl.seconds.range(range).map(|(s, x)| (*s, x.gen_tokens)),
+            a,
+            b,
+        )
+    }
+}
+
+/// The level every second of `[from, to)` was steady at, if all were steady at the same N.
+fn steady_at(tl: &Timeline, from: u64, to: u64) -> Option<u32> {
+    let mut level = None;
+    for s in from..to {
+        let l = tl.seconds.get(&s)?.steady_level()?;
+        if level.is_some_and(|x| x != l) {
+            return None;
+        }
+        level = Some(l);
+    }
+    level
+}
+
+/// Compares `tl` (replayed requests) with `samples` over steady windows of `window_s` seconds,
+/// each scrape interval, and the whole span of the samples.
+pub fn crosscheck_report(
+    tl: &Timeline,
+    samples: &[ServerSample],
+    window_s: u64,
+    threshold_pct: f64,
+) -> CrossReport {
+    let mut track = ServerTrack::new(threshold_pct);
+    for s in samples {
+        track.push(s.clone());
+    }
+    let proxy = proxy_fn(tl);
+    let mut steady_windows = Vec::new();
+    let window_s = window_s.max(1);
+    if let (Some((&first, _)), Some((&last, _))) =
+        (tl.seconds.first_key_value(), tl.seconds.last_key_value())
+    {
+        let mut from = first;
+        while from + window_s <= last + 1 {
+            let to = from + window_s;
+            if let Some(n) = steady_at(tl, from, to) {
+                steady_windows.push(CrossRow {
+                    start: format_rfc3339_micros(from * NANOS_PER_SEC),
+                    start_ns: from * NANOS_PER_SEC,
+                    seconds: window_s as f64,
+                    n: Some(n),
+                    server: track.window_with(from * NANOS_PER_SEC, to * NANOS_PER_SEC, &proxy),
+                });
+            }
+            from = to;
+        }
+    }
+    let sorted: Vec<&ServerSample> = track.samples().collect();
+    let row = |a: UnixNanos, b: UnixNanos| CrossRow {
+        start: format_rfc3339_micros(a),
+        start_ns: a,
+        seconds: (b - a) as f64 / NANOS_PER_SEC as f64,
+        n: None,
+        // `to` is exclusive: one nanosecond past the closing sample.
+        server: track.window_with(a, b + 1, &proxy),
+    };
+    let intervals = sorted
+        .windows(2)
+        .filter(|w| w[1].ts_ns > w[0].ts_ns)
+        .map(|w| row(w[0].ts_ns, w[1].ts_ns))
+        .collect();
+    let overall = match (sorted.first(), sorted.last()) {
+        (Some(a), Some(b)) if b.ts_ns > a.ts_ns => Some(row(a.ts_ns, b.ts_ns)),
+        _ => None,
+    };
+    CrossReport {
+        threshold_pct,
+        samples: samples.len() as u64,
+        steady_windows,
+        intervals,
+        overall,
+    }
+}
+
+fn cell(v: Option<f64>, prec: usize) -> String {
+    v.map_or("-".into(), |x| format!("{x:.prec$}"))
+}
+
+fn flag(w: &ServerWindow) -> &'static str {
+    match w.disagreement {
+        Some(true) => "DISAGREE",
+        Some(false) => "ok",
+        None => "-",
+    }
+}
+
+/// The report as text tables: "proxy window vs server window".
+pub fn render_text(r: &CrossReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Cross-check against vLLM's own accounting ({} samples, flag beyond {}%)",
+        r.samples, r.threshold_pct
+    );
+    let table = |out: &mut String, title: &str, rows: &[CrossRow]| {
+        let _ = writeln!(out, "\n{title}");
+        let _ = writeln!(
+            out,
+            "{:<28} {:>5} {:>7} {:>14} {:>15} {:>8}  flag",
+            "start", "N", "secs", "proxy tok/s", "server tok/s", "diff %"
+        );
+        for row in rows {
+            let s = &row.server;
+            let _ = writeln!(
+                out,
+                "{:<28} {:>5} {:>7} {:>14} {:>15} {:>8}  {}",
+                row.start,
+                row.n.map_or("-".into(), |n| n.to_string()),
+                cell(s.interval_s, 1),
+                cell(s.proxy_gen_tok_s, 1),
+                cell(s.gen_tok_s, 1),
+                s.disagreement_pct
+                    .map_or("-".into(), |p| format!("{p:+.2}")),
+                flag(s)
+            );
+        }
+    };
+    table(
+        &mut out,
+        "Steady windows (proxy window vs server window, same interval):",
+        &r.steady_windows,
+    );
+    table(&mut out, "Scrape intervals:", &r.intervals);
+    if let Some(o) = &r.overall {
+        table(
+            &mut out,
+            "Overall (first to last sample):",
+            std::slice::from_ref(o),
+        );
+    }
+    out
+}
