@@ -41,31 +41,48 @@ fn known_timeline() {
         b.gen_tokens = 100.0;
         b.observe_level(4, S);
     }
+    // A second at another level breaks steadiness for every interval touching it.
+    let mut shaky = tl.clone();
+    shaky.seconds.get_mut(&103).unwrap().observe_level(5, 1);
     let samples = vec![
         sample(100 * S + S / 2, 0.0),
+        sample(102 * S + S / 2, 200.0),
         sample(104 * S + S / 2, 400.0),
-        sample(105 * S + S / 2, 510.0),
+        sample(106 * S + S / 2, 620.0),
+        sample(108 * S + S / 2, 840.0),
         sample(109 * S + S / 2, 950.0),
     ];
-    let r = crosscheck_report(&tl, &samples, 5, 5.0);
-    assert_eq!(r.samples, 4);
+    // Windows of 4 s run sample to sample: [100.5, 104.5], [104.5, 108.5]; the last second
+    // does not make a third.
+    let r = crosscheck_report(&tl, &samples, 4, 5.0);
+    assert_eq!(r.samples, 6);
     assert_eq!(r.steady_windows.len(), 2);
     let (a, b) = (&r.steady_windows[0], &r.steady_windows[1]);
-    assert_eq!((a.n, a.start_ns, a.seconds), (Some(4), 100 * S, 5.0));
+    assert_eq!(
+        (a.n, a.start_ns, a.seconds),
+        (Some(4), 100 * S + S / 2, 4.0)
+    );
     assert_eq!(a.server.interval_s, Some(4.0));
+    assert_eq!(a.server.samples, 3);
     assert_eq!(a.server.gen_tok_s, Some(100.0));
     assert_eq!(a.server.proxy_gen_tok_s, Some(100.0));
     assert_eq!(a.server.disagreement_pct, Some(0.0));
+    assert_eq!(a.server.disagreement, Some(false));
     assert_eq!(b.server.gen_tok_s, Some(110.0));
     let pct = b.server.disagreement_pct.unwrap();
     assert!((pct - 100.0 * (400.0 - 440.0) / 440.0).abs() < 1e-9);
     assert_eq!(b.server.disagreement, Some(true));
-    assert_eq!(r.intervals.len(), 3);
-    assert_eq!(r.intervals[1].server.gen_tok_s, Some(110.0));
-    assert_eq!(r.intervals[1].server.proxy_gen_tok_s, Some(100.0));
+    assert_eq!(r.intervals.len(), 5);
+    assert!(r.intervals.iter().all(|i| i.n == Some(4)));
+    assert_eq!(r.intervals[2].server.gen_tok_s, Some(110.0));
+    assert_eq!(r.intervals[2].server.proxy_gen_tok_s, Some(100.0));
     let o = r.overall.as_ref().unwrap();
     assert_eq!(o.server.interval_s, Some(9.0));
     assert_eq!(o.server.gen_tok_s, Some(950.0 / 9.0));
+    assert_eq!(o.server.proxy_gen_tok_s, Some(100.0));
+    let r2 = crosscheck_report(&shaky, &samples, 4, 5.0);
+    assert_eq!(r2.steady_windows.len(), 1);
+    assert_eq!(r2.intervals[1].n, None);
     let text = render_text(&r);
     assert!(
         text.contains("DISAGREE") && text.contains("-9.09"),

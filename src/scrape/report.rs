@@ -19,9 +19,10 @@ pub struct CrossRow {
     pub start: String,
     /// The same, Unix nanoseconds.
     pub start_ns: UnixNanos,
-    /// Length of the window, seconds (for a scrape interval: between its two samples).
+    /// Length, seconds: from the first to the last sample compared.
     pub seconds: f64,
-    /// The in-flight level the window was steady at; `null` when not steady or not a window.
+    /// The in-flight level every second touched by the interval was steady at; `null` when not
+    /// steady.
     pub n: Option<u32>,
     /// The comparison over the samples inside (see [`ServerWindow`]).
     pub server: ServerWindow,
@@ -34,7 +35,8 @@ pub struct CrossReport {
     pub threshold_pct: f64,
     /// `server_sample` lines read.
     pub samples: u64,
-    /// Steady windows of `window_s` seconds, tiled from the log's first second.
+    /// Steady windows: from a sample to the first sample at least `window_s` later (minus half
+    /// a second of scrape jitter), kept when every second they touch was steady at one N.
     pub steady_windows: Vec<CrossRow>,
     /// Consecutive scrape intervals.
     pub intervals: Vec<CrossRow>,
@@ -66,8 +68,10 @@ fn steady_at(tl: &Timeline, from: u64, to: u64) -> Option<u32> {
     level
 }
 
-/// Compares `tl` (replayed requests) with `samples` over steady windows of `window_s` seconds,
-/// each scrape interval, and the whole span of the samples.
+/// Compares `tl` (replayed requests) with `samples` over steady windows of about `window_s`
+/// seconds bounded by samples, each scrape interval, and the whole span of the samples. The
+/// proxy side comes from replayed records, which spread each request's tokens evenly over its
+/// decode time: exact over the whole log, smoothed over short intervals.
 pub fn crosscheck_report(
     tl: &Timeline,
     samples: &[ServerSample],
@@ -79,32 +83,37 @@ pub fn crosscheck_report(
         track.push(s.clone());
     }
     let proxy = proxy_fn(tl);
-    let mut steady_windows = Vec::new();
-    let window_s = window_s.max(1);
-    if let (Some((&first, _)), Some((&last, _))) =
-        (tl.seconds.first_key_value(), tl.seconds.last_key_value())
-    {
-        let mut from = first;
-        while from + window_s <= last + 1 {
-            let to = from + window_s;
-            if let Some(n) = steady_at(tl, from, to) {
-                steady_windows.push(CrossRow {
-                    start: format_rfc3339_micros(from * NANOS_PER_SEC),
-                    start_ns: from * NANOS_PER_SEC,
-                    seconds: window_s as f64,
-                    n: Some(n),
-                    server: track.window_with(from * NANOS_PER_SEC, to * NANOS_PER_SEC, &proxy),
-                });
-            }
-            from = to;
-        }
-    }
     let sorted: Vec<&ServerSample> = track.samples().collect();
+    let steady =
+        |a: UnixNanos, b: UnixNanos| steady_at(tl, a / NANOS_PER_SEC, b.div_ceil(NANOS_PER_SEC));
+    // Windows run from one sample to the first sample at least `window_s` later (half a
+    // second of slack for scrape jitter), so the server's interval is the window itself.
+    let mut steady_windows = Vec::new();
+    let span = (window_s.max(1) * NANOS_PER_SEC).saturating_sub(NANOS_PER_SEC / 2);
+    let mut i = 0;
+    while i < sorted.len() {
+        let a = sorted[i].ts_ns;
+        let Some(j) = (i + 1..sorted.len()).find(|&j| sorted[j].ts_ns.saturating_sub(a) >= span)
+        else {
+            break;
+        };
+        let b = sorted[j].ts_ns;
+        if let Some(n) = steady(a, b) {
+            steady_windows.push(CrossRow {
+                start: format_rfc3339_micros(a),
+                start_ns: a,
+                seconds: (b - a) as f64 / NANOS_PER_SEC as f64,
+                n: Some(n),
+                server: track.window_with(a, b + 1, &proxy),
+            });
+        }
+        i = j;
+    }
     let row = |a: UnixNanos, b: UnixNanos| CrossRow {
         start: format_rfc3339_micros(a),
         start_ns: a,
         seconds: (b - a) as f64 / NANOS_PER_SEC as f64,
-        n: None,
+        n: steady(a, b),
         // `to` is exclusive: one nanosecond past the closing sample.
         server: track.window_with(a, b + 1, &proxy),
     };
