@@ -4,28 +4,19 @@
 //! `/metrics`, and the `server_sample` log lines against their schema.
 
 mod common;
+mod scrape_support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tokenmeter::clock::{Clock, NANOS_PER_SEC};
+use scrape_support::*;
+use tokenmeter::clock::Clock;
 use tokenmeter::meter::SnapshotQuery;
-use tokenmeter::sim::{SimConfig, SimHandle};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 const WINDOW_S: u64 = 8;
-
-async fn sim() -> SimHandle {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cfg = SimConfig {
-        stop_probability_per_token: 0.0,
-        ..Default::default()
-    };
-    tokenmeter::sim::spawn(cfg, listener).await.unwrap()
-}
 
 async fn proxy(upstream: &str, metrics: Option<&str>) -> TestProxy {
     let metrics = metrics.map(str::to_string);
@@ -35,56 +26,6 @@ async fn proxy(upstream: &str, metrics: Option<&str>) -> TestProxy {
         c.meter.windows_s = vec![WINDOW_S];
     })
     .await
-}
-
-/// Keeps `n` long streams open to `addr` until `deadline`; counts streams that got a token.
-fn hold_streams(
-    addr: std::net::SocketAddr,
-    n: usize,
-    tag: &str,
-    deadline: Instant,
-    started: Arc<AtomicU64>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    (0..n)
-        .map(|i| {
-            let started = started.clone();
-            let body = format!(r#"{{"model":"sim-model","messages":[{{"role":"user","content":"{tag} {i}"}}],"max_tokens":3000,"stream":true}}"#);
-            tokio::spawn(async move {
-                let mut c = TcpStream::connect(addr).await.unwrap();
-                c.write_all(&post("/v1/chat/completions", &body, &[])).await.unwrap();
-                let mut buf = vec![0u8; 16 * 1024];
-                let mut first = true;
-                loop {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    let Ok(Ok(k)) = tokio::time::timeout(left, c.read(&mut buf)).await else {
-                        return;
-                    };
-                    if k == 0 {
-                        return;
-                    }
-                    if first && buf[..k].windows(11).any(|w| w == b"\"content\":\"") {
-                        first = false;
-                        started.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect()
-}
-
-async fn wait_for(count: &AtomicU64, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while count.load(Ordering::Relaxed) < n {
-        assert!(Instant::now() < deadline, "streams did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Sleeps until `margin_ms` into the second after `secs` more seconds.
-async fn sleep_seconds(secs: u64, margin_ms: u64) {
-    let into = Clock::global().now() % NANOS_PER_SEC;
-    let ns = (secs + 1) * NANOS_PER_SEC - into + margin_ms * 1_000_000;
-    tokio::time::sleep(Duration::from_nanos(ns)).await;
 }
 
 /// The aggregate window as JSON, from the meter at the current instant.
@@ -321,117 +262,4 @@ async fn the_simulators_metrics_parse_to_its_exact_counters() {
     assert_eq!(h.buckets.last().unwrap().1, 3.0);
     assert!(h.sum > 0.0);
     sim.shutdown().await;
-}
-
-/// One run of the 10 s measurement: 16 streams through the proxy (plus `bypass` straight to the
-/// simulator) for about 70 s, scraping every 10 s. Prints the live 20 s window every 10 s (it
-/// holds two samples, so each row is one 10 s scrape interval), the live 60 s window, and the
-/// offline report over the access log.
-async fn measured_run(bypass: usize) -> Vec<serde_json::Value> {
-    let sim = sim().await;
-    let p = TestProxy::start(&format!("http://{}", sim.addr()), |c| {
-        c.upstream_metrics_url = Some("auto".into());
-        c.metrics_scrape_interval_s = 10.0;
-        c.meter.windows_s = vec![20, 60];
-    })
-    .await;
-    let started = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + Duration::from_secs(80);
-    let mut tasks = hold_streams(p.addr, 16, "through", deadline, started.clone());
-    tasks.extend(hold_streams(
-        sim.addr(),
-        bypass,
-        "bypass",
-        deadline,
-        started.clone(),
-    ));
-    wait_for(&started, 16 + bypass as u64).await;
-    println!(
-        "\n{} streams through the proxy, {bypass} straight to the simulator; scrape every 10 s",
-        16
-    );
-    println!(
-        "{:<10} {:>12} {:>13} {:>9} {:>8} {:>8} {:>8}",
-        "window", "proxy tok/s", "server tok/s", "diff %", "flag", "running", "proxy N"
-    );
-    let mut rows = Vec::new();
-    let mut sixty = serde_json::Value::Null;
-    for i in 0..7 {
-        sleep_seconds(9, 150).await;
-        let snap = p
-            .handle
-            .as_ref()
-            .unwrap()
-            .meter()
-            .snapshot(
-                Clock::global().now(),
-                SnapshotQuery::default(),
-                "sim",
-                &Default::default(),
-            )
-            .await
-            .unwrap();
-        let v = serde_json::to_value(&snap).unwrap();
-        let s = v["windows"]["20s"]["server"].clone();
-        println!(
-            "{:<10} {:>7} {:>12.1} {:>13.1} {:>9} {:>8} {:>8} {:>8}",
-            format!("#{i} ({:.1}s)", s["interval_s"].as_f64().unwrap_or(0.0)),
-            v["windows"]["20s"]["steady"],
-            s["proxy_gen_tok_s"].as_f64().unwrap_or(f64::NAN),
-            s["gen_tok_s"].as_f64().unwrap_or(f64::NAN),
-            s["disagreement_pct"]
-                .as_f64()
-                .map_or("-".into(), |x| format!("{x:+.3}")),
-            s["disagreement"],
-            s["running"]["max"],
-            s["proxy_in_flight"],
-        );
-        rows.push(serde_json::json!({"steady": v["windows"]["20s"]["steady"], "server": s}));
-        sixty = v["windows"]["60s"]["server"].clone();
-    }
-    println!(
-        "live 60 s window: proxy {:.1} tok/s, server {:.1} tok/s, diff {:+.3}%, flag {}",
-        sixty["proxy_gen_tok_s"].as_f64().unwrap_or(f64::NAN),
-        sixty["gen_tok_s"].as_f64().unwrap_or(f64::NAN),
-        sixty["disagreement_pct"].as_f64().unwrap_or(f64::NAN),
-        sixty["disagreement"]
-    );
-    for t in tasks {
-        t.abort();
-    }
-    let lines = p.finish().await;
-    let records: Vec<tokenmeter::record::RequestRecord> = lines
-        .iter()
-        .filter(|l| l["type"] == "request")
-        .map(|l| serde_json::from_value(l.clone()).unwrap())
-        .collect();
-    let samples: Vec<_> = lines
-        .iter()
-        .filter_map(tokenmeter::scrape::ServerSample::from_json)
-        .collect();
-    let tl = tokenmeter::meter::replay::Timeline::from_records(&records);
-    let report = tokenmeter::scrape::report::crosscheck_report(&tl, &samples, 10, 5.0);
-    println!(
-        "offline, from the access log (request lines replayed):\n{}",
-        tokenmeter::scrape::report::render_text(&report)
-    );
-    sim.shutdown().await;
-    rows
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "two 75 s runs with 10 s scrapes; `cargo test --test scrape_crosscheck -- --ignored --nocapture`"]
-async fn measured_ten_second_scrapes_through_and_bypassing() {
-    let rows = measured_run(0).await;
-    let steady: Vec<_> = rows.iter().filter(|r| r["steady"] == true).collect();
-    assert!(steady.len() >= 5);
-    for r in steady {
-        let pct = r["server"]["disagreement_pct"].as_f64().unwrap();
-        assert!(pct.abs() < 1.0, "{r}");
-    }
-    let rows = measured_run(8).await;
-    assert!(rows
-        .iter()
-        .filter(|r| r["steady"] == true)
-        .all(|r| r["server"]["disagreement"] == true));
 }
