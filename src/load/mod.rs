@@ -1,10 +1,342 @@
-//! `tokenmeter load`: load generator (stub).
+//! `tokenmeter load`: the burst sweep and the sustained method against any OpenAI-compatible
+//! server reachable over `http://`.
+//!
+//! `--url` may be given with or without a trailing `/v1` (and with or without a trailing `/`):
+//! requests go to `{base}/v1/chat/completions`, models are listed from `{base}/v1/models`, and a
+//! tokenmeter proxy is probed at `{base}/stats`.
+//!
+//! Definitions (per request, see [`RequestResult`]):
+//! - `e2e_ms`: from just before the request is handed to the connection pool (so a new
+//!   connection's setup is included) to the end of the response body;
+//! - `ttft_ms` (streaming only): to the first event whose `choices` is non-empty;
+//! - `completion_tokens`: the final `usage` (`stream_options.include_usage` is sent); without
+//!   it, streamed choices with text are counted and the result says so (`tokens_from`);
+//! - `tok_s = completion_tokens / e2e`.
+//!
+//! Burst sweep (per level, see [`LevelReport`]): one warm-up request first (reported apart), then
+//! all requests of the level dispatched at once with one distinct prompt per slot;
+//! `aggregate_tok_s = Σ completion_tokens of ok requests / batch wall`,
+//! `scaling_vs_first = aggregate / aggregate of the first level`,
+//! `marginal_gain_pct = (aggregate / previous aggregate − 1) × 100`.
+//!
+//! Sustained (see [`SustainedReport`]): N requests in flight, each finished one replaced at once;
+//! at the deadline the ones in flight are cancelled and left out;
+//! `client_aggregate_tok_s = Σ completion_tokens of requests completed ok / wall`.
+//! Behind a tokenmeter proxy, its 10 s windows are sampled; their steady `gen_tok_s` is the
+//! stable figure, the client aggregate drifts with where the deadline cuts the requests.
+
+pub mod burst;
+pub mod client;
+pub mod duration;
+pub mod event;
+pub mod progress;
+pub mod prompts;
+pub mod report;
+pub mod result;
+pub mod stats;
+pub mod sustained;
+pub mod table;
+
+use std::time::{Duration, Instant};
+
+pub use client::{ChatSpec, HttpClient};
+pub use progress::{NoProgress, Progress, ProgressEvent, StderrProgress};
+pub use report::{BurstReport, LevelReport, LoadReport, SustainedReport};
+pub use result::{RequestResult, TokensFrom};
+
+/// Default burst levels.
+pub const DEFAULT_LEVELS: [usize; 4] = [1, 4, 8, 16];
+/// Default `max_tokens` of the burst sweep.
+pub const DEFAULT_BURST_MAX_TOKENS: u32 = 250;
+/// Default `max_tokens` of the sustained method (long generations so steady state dominates).
+pub const DEFAULT_SUSTAINED_MAX_TOKENS: u32 = 1500;
+/// Largest burst level or sustained concurrency accepted.
+pub const MAX_CONCURRENCY: usize = 4096;
 
 /// Arguments of `tokenmeter load`.
 #[derive(Debug, clap::Args)]
-pub struct LoadArgs {}
+pub struct LoadArgs {
+    /// Server URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted).
+    #[arg(long)]
+    pub url: String,
+    /// Burst sweep levels: all requests of a level are dispatched together.
+    #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_LEVELS)]
+    pub levels: Vec<usize>,
+    /// Run the sustained method instead of the burst sweep.
+    #[arg(long)]
+    pub sustained: bool,
+    /// Requests kept in flight by the sustained method.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Length of the sustained run (e.g. 60s, 2m, 500ms).
+    #[arg(long, default_value = "60s", value_parser = duration::parse_duration)]
+    pub duration: Duration,
+    /// Stream responses (the default).
+    #[arg(long, overrides_with = "no_stream")]
+    pub stream: bool,
+    /// Do not stream: tokens from usage, TTFT unknown.
+    #[arg(long, overrides_with = "stream")]
+    pub no_stream: bool,
+    /// max_tokens per request (default 250 for the burst sweep, 1500 sustained).
+    #[arg(long)]
+    pub max_tokens: Option<u32>,
+    /// Model name (default: the first id of GET /v1/models).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// API key, sent as `Authorization: Bearer`; never printed.
+    #[arg(long, env = "TOKENMETER_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// User name, sent as header x-tokenmeter-user and body field `user`.
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Send vLLM's "ignore_eos": true so every request generates max_tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print the report as JSON on stdout (progress stays on stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// Per-request timeout.
+    #[arg(long, default_value = "600s", value_parser = duration::parse_duration)]
+    pub timeout: Duration,
+    /// How often the sustained method samples a tokenmeter proxy's /stats and prints progress.
+    #[arg(long, default_value = "10s", value_parser = duration::parse_duration)]
+    pub stats_interval: Duration,
+}
 
-/// Runs the load.
-pub async fn run_cli(_args: LoadArgs) -> anyhow::Result<()> {
-    anyhow::bail!("load: not built yet")
+/// Which method to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadMethod {
+    /// The burst sweep over these levels.
+    Burst {
+        /// Requests per level.
+        levels: Vec<usize>,
+    },
+    /// The sustained method.
+    Sustained {
+        /// Requests kept in flight.
+        concurrency: usize,
+        /// Length of the run.
+        duration: Duration,
+    },
+}
+
+/// An API key; its `Debug` never shows it.
+#[derive(Clone)]
+pub struct ApiKey(pub String);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+/// Everything a load run needs (the library form of [`LoadArgs`]).
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Server URL (normalized by [`client::normalize_base_url`]).
+    pub url: String,
+    /// Method and its parameters.
+    pub method: LoadMethod,
+    /// Stream responses.
+    pub stream: bool,
+    /// max_tokens; None picks the method's default.
+    pub max_tokens: Option<u32>,
+    /// Model; None asks `GET /v1/models`.
+    pub model: Option<String>,
+    /// Bearer token.
+    pub api_key: Option<ApiKey>,
+    /// User sent as header and body field.
+    pub user: Option<String>,
+    /// Send `ignore_eos`.
+    pub ignore_eos: bool,
+    /// Per-request timeout.
+    pub timeout: Duration,
+    /// Sustained: proxy `/stats` poll and progress interval.
+    pub stats_interval: Duration,
+}
+
+impl LoadOptions {
+    /// A default burst sweep of `levels` against `url`.
+    pub fn burst(url: impl Into<String>, levels: &[usize]) -> Self {
+        Self::with_method(
+            url.into(),
+            LoadMethod::Burst {
+                levels: levels.to_vec(),
+            },
+        )
+    }
+
+    /// A default sustained run against `url`.
+    pub fn sustained(url: impl Into<String>, concurrency: usize, duration: Duration) -> Self {
+        Self::with_method(
+            url.into(),
+            LoadMethod::Sustained {
+                concurrency,
+                duration,
+            },
+        )
+    }
+
+    fn with_method(url: String, method: LoadMethod) -> Self {
+        Self {
+            url,
+            method,
+            stream: true,
+            max_tokens: None,
+            model: None,
+            api_key: None,
+            user: None,
+            ignore_eos: false,
+            timeout: Duration::from_secs(600),
+            stats_interval: Duration::from_secs(10),
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let ok_n = |n: usize| (1..=MAX_CONCURRENCY).contains(&n);
+        match &self.method {
+            LoadMethod::Burst { levels } if levels.is_empty() => anyhow::bail!("--levels is empty"),
+            LoadMethod::Burst { levels } if !levels.iter().all(|&l| ok_n(l)) => {
+                anyhow::bail!("--levels must be between 1 and {MAX_CONCURRENCY}")
+            }
+            LoadMethod::Sustained { concurrency, .. } if !ok_n(*concurrency) => {
+                anyhow::bail!("--concurrency must be between 1 and {MAX_CONCURRENCY}")
+            }
+            _ => {}
+        }
+        if self.max_tokens == Some(0) {
+            anyhow::bail!("--max-tokens must be at least 1");
+        }
+        if self.timeout.is_zero() {
+            anyhow::bail!("--timeout must be positive");
+        }
+        Ok(())
+    }
+}
+
+impl From<LoadArgs> for LoadOptions {
+    fn from(a: LoadArgs) -> Self {
+        let method = if a.sustained {
+            LoadMethod::Sustained {
+                concurrency: a.concurrency,
+                duration: a.duration,
+            }
+        } else {
+            LoadMethod::Burst { levels: a.levels }
+        };
+        Self {
+            url: a.url,
+            method,
+            stream: !a.no_stream,
+            max_tokens: a.max_tokens,
+            model: a.model,
+            api_key: a.api_key.map(ApiKey),
+            user: a.user,
+            ignore_eos: a.ignore_eos,
+            timeout: a.timeout,
+            stats_interval: a.stats_interval,
+        }
+    }
+}
+
+/// Runs the load described by `opts`, reporting progress as it goes.
+pub async fn run(opts: LoadOptions, progress: impl Progress) -> anyhow::Result<LoadReport> {
+    opts.validate()?;
+    let base = client::normalize_base_url(&opts.url)?;
+    let client = HttpClient::new(
+        base.clone(),
+        opts.api_key.as_ref().map(|k| k.0.clone()),
+        opts.user.clone(),
+        opts.timeout,
+    );
+    let model = match &opts.model {
+        Some(m) => m.clone(),
+        None => client.first_model().await?,
+    };
+    let default_max = match opts.method {
+        LoadMethod::Burst { .. } => DEFAULT_BURST_MAX_TOKENS,
+        LoadMethod::Sustained { .. } => DEFAULT_SUSTAINED_MAX_TOKENS,
+    };
+    let spec = ChatSpec {
+        model: model.clone(),
+        prompt: String::new(),
+        max_tokens: opts.max_tokens.unwrap_or(default_max),
+        stream: opts.stream,
+        ignore_eos: opts.ignore_eos,
+    };
+    let mut report = LoadReport {
+        kind: "load_report",
+        schema: report::LOAD_REPORT_SCHEMA,
+        base_url: base,
+        model,
+        stream: spec.stream,
+        max_tokens: spec.max_tokens,
+        ignore_eos: spec.ignore_eos,
+        user: opts.user.clone(),
+        api_key_sent: opts.api_key.is_some(),
+        method: "burst",
+        burst: None,
+        sustained: None,
+        proxy: None,
+    };
+    match &opts.method {
+        LoadMethod::Burst { levels } => {
+            report.burst = Some(burst::run_burst(&client, &spec, levels, &progress).await);
+        }
+        LoadMethod::Sustained {
+            concurrency,
+            duration,
+        } => {
+            report.method = "sustained";
+            let (detected, note) = stats::probe(&client).await;
+            let start = Instant::now();
+            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+            let poller = detected.then(|| {
+                tokio::spawn(stats::poll_until(
+                    client.clone(),
+                    start,
+                    opts.stats_interval,
+                    stop_rx,
+                ))
+            });
+            let s = sustained::run_sustained(
+                &client,
+                &spec,
+                *concurrency,
+                *duration,
+                opts.stats_interval,
+                &progress,
+            )
+            .await;
+            let _ = stop_tx.send(());
+            let mut samples = match poller {
+                Some(h) => h.await.unwrap_or_default(),
+                None => Vec::new(),
+            };
+            if detected {
+                // One sample after the run: the window that closed with it.
+                samples.extend(stats::sample(&client, start).await);
+            }
+            report.proxy = Some(stats::ProxyReport {
+                detected,
+                note,
+                steady_10s: stats::steady_summary(&samples),
+                samples,
+            });
+            report.sustained = Some(s);
+        }
+    }
+    Ok(report)
+}
+
+/// Runs `tokenmeter load` and prints the report (tables, or JSON with `--json`).
+pub async fn run_cli(args: LoadArgs) -> anyhow::Result<()> {
+    let json = args.json;
+    let report = run(LoadOptions::from(args), StderrProgress::default()).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", table::render(&report));
+    }
+    Ok(())
 }

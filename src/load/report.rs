@@ -1,0 +1,269 @@
+//! The load report: what each figure means and how it is computed from request results.
+
+use serde::Serialize;
+
+use super::result::{RequestResult, TokensFrom};
+use super::stats::ProxyReport;
+
+/// Version of the JSON report layout.
+pub const LOAD_REPORT_SCHEMA: u32 = 1;
+
+/// Minimum, arithmetic mean and maximum of a set of values.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct MinAvgMax {
+    /// Smallest value.
+    pub min: f64,
+    /// Arithmetic mean.
+    pub avg: f64,
+    /// Largest value.
+    pub max: f64,
+    /// Number of values.
+    pub n: usize,
+}
+
+/// Min/avg/max of `values`; None when there are none (never an invented zero).
+pub fn summarize(values: impl IntoIterator<Item = f64>) -> Option<MinAvgMax> {
+    let mut it = values.into_iter().filter(|v| v.is_finite());
+    let first = it.next()?;
+    let (mut min, mut max, mut sum, mut n) = (first, first, first, 1usize);
+    for v in it {
+        min = min.min(v);
+        max = max.max(v);
+        sum += v;
+        n += 1;
+    }
+    Some(MinAvgMax {
+        min,
+        avg: sum / n as f64,
+        max,
+        n,
+    })
+}
+
+/// Figures shared by a burst level and a sustained run, over its requests.
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestFigures {
+    /// Requests with a result (ok or failed; cancelled sustained requests are not here).
+    pub requests: usize,
+    /// Requests that failed (non-2xx, transport error, timeout, error event).
+    pub failures: usize,
+    /// Sum of `completion_tokens` over ok requests.
+    pub completion_tokens: u64,
+    /// Per-request `tok_s` (completion tokens / that request's wall) over ok requests.
+    pub per_request_tok_s: Option<MinAvgMax>,
+    /// Per-request TTFT in ms over ok streamed requests.
+    pub ttft_ms: Option<MinAvgMax>,
+    /// Per-request wall in ms over ok requests.
+    pub e2e_ms: Option<MinAvgMax>,
+    /// True when some ok request had no usage and its tokens were counted from events.
+    pub tokens_counted_from_events: bool,
+    /// True when some ok request's token count is unknown (left out of the sums).
+    pub tokens_unknown: bool,
+}
+
+impl RequestFigures {
+    /// Computes the figures over `results`.
+    pub fn of(results: &[RequestResult]) -> Self {
+        let ok = || results.iter().filter(|r| r.ok);
+        Self {
+            requests: results.len(),
+            failures: results.iter().filter(|r| !r.ok).count(),
+            completion_tokens: ok().filter_map(|r| r.completion_tokens).sum(),
+            per_request_tok_s: summarize(ok().filter_map(|r| r.tok_s)),
+            ttft_ms: summarize(ok().filter_map(|r| r.ttft_ms)),
+            e2e_ms: summarize(ok().map(|r| r.e2e_ms)),
+            tokens_counted_from_events: ok().any(|r| r.tokens_from == TokensFrom::CountedEvents),
+            tokens_unknown: ok().any(|r| r.completion_tokens.is_none()),
+        }
+    }
+}
+
+/// One concurrency level of the burst sweep.
+#[derive(Debug, Clone, Serialize)]
+pub struct LevelReport {
+    /// Requests dispatched together.
+    pub level: usize,
+    /// Seconds from dispatching the batch to the end of its last request.
+    pub wall_s: f64,
+    /// Request figures of the batch.
+    #[serde(flatten)]
+    pub figures: RequestFigures,
+    /// `completion_tokens / wall_s`: tokens of ok requests over the batch wall; null if wall is 0.
+    pub aggregate_tok_s: Option<f64>,
+    /// `aggregate_tok_s / aggregate_tok_s of the first level` (the first level is normally 1).
+    pub scaling_vs_first: Option<f64>,
+    /// `(aggregate_tok_s / previous level's aggregate_tok_s - 1) * 100`; null on the first level.
+    pub marginal_gain_pct: Option<f64>,
+    /// `level / previous level`, the user multiple the marginal gain was bought with.
+    pub users_ratio: Option<f64>,
+    /// Every request of the batch, failures included.
+    pub results: Vec<RequestResult>,
+}
+
+impl LevelReport {
+    /// Builds a level from its batch; `first` and `prev` are earlier levels' (level, aggregate).
+    pub fn new(
+        level: usize,
+        wall_s: f64,
+        results: Vec<RequestResult>,
+        first: Option<f64>,
+        prev: Option<(usize, Option<f64>)>,
+    ) -> Self {
+        let figures = RequestFigures::of(&results);
+        let aggregate_tok_s = (wall_s > 0.0).then(|| figures.completion_tokens as f64 / wall_s);
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+        Self {
+            level,
+            wall_s,
+            aggregate_tok_s,
+            scaling_vs_first: ratio(aggregate_tok_s, first),
+            marginal_gain_pct: prev
+                .and_then(|(_, p)| ratio(aggregate_tok_s, p))
+                .map(|r| (r - 1.0) * 100.0),
+            users_ratio: prev
+                .filter(|(l, _)| *l > 0)
+                .map(|(l, _)| level as f64 / l as f64),
+            figures,
+            results,
+        }
+    }
+}
+
+/// The burst sweep.
+#[derive(Debug, Clone, Serialize)]
+pub struct BurstReport {
+    /// The discarded warm-up request (the first request after idle is slow).
+    pub warmup: RequestResult,
+    /// One entry per level, in the order run.
+    pub levels: Vec<LevelReport>,
+}
+
+/// One client-side progress sample of the sustained run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClientTick {
+    /// Seconds since the run started.
+    pub t_s: f64,
+    /// Requests finished so far (ok or failed).
+    pub done: usize,
+    /// Requests in flight at the sample.
+    pub in_flight: usize,
+    /// Streamed content events since the previous sample per second (≈ tok/s; 0 if not streaming).
+    pub events_per_s: f64,
+}
+
+/// The sustained method.
+#[derive(Debug, Clone, Serialize)]
+pub struct SustainedReport {
+    /// Requests kept in flight.
+    pub concurrency: usize,
+    /// Requested duration in seconds.
+    pub duration_s: f64,
+    /// Seconds from the start to the moment in-flight requests were cancelled.
+    pub wall_s: f64,
+    /// Requests started.
+    pub started: usize,
+    /// Requests still in flight at the deadline, cancelled and left out of every figure
+    /// except `partial_content_events`.
+    pub cancelled_at_deadline: usize,
+    /// Figures over requests that finished before the deadline.
+    #[serde(flatten)]
+    pub figures: RequestFigures,
+    /// `completion_tokens / wall_s`: tokens of requests completed ok before the deadline over the
+    /// wall. Undercounts by the work of the requests cancelled at the deadline.
+    pub client_aggregate_tok_s: Option<f64>,
+    /// Streamed content events received by the cancelled requests before the deadline.
+    pub partial_content_events: u64,
+    /// `(completion_tokens + partial_content_events) / wall_s` when streaming: also credits the
+    /// cancelled requests' streamed events (≈ tokens); null when not streaming.
+    pub client_aggregate_incl_partial_tok_s: Option<f64>,
+    /// Most requests in flight at once, as the client saw it.
+    pub max_in_flight: usize,
+    /// Why the run ended before its duration, if it did.
+    pub stopped_early: Option<String>,
+    /// Client-side samples, one per progress interval.
+    pub ticks: Vec<ClientTick>,
+    /// Every finished request, in finishing order.
+    pub results: Vec<RequestResult>,
+}
+
+/// Everything one `tokenmeter load` run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadReport {
+    /// Always `"load_report"`.
+    pub kind: &'static str,
+    /// [`LOAD_REPORT_SCHEMA`].
+    pub schema: u32,
+    /// Server base URL (normalized, without `/v1`).
+    pub base_url: String,
+    /// Model requested.
+    pub model: String,
+    /// Whether requests streamed.
+    pub stream: bool,
+    /// `max_tokens` of every request.
+    pub max_tokens: u32,
+    /// Whether `ignore_eos` was sent.
+    pub ignore_eos: bool,
+    /// The `user` sent, if any.
+    pub user: Option<String>,
+    /// Whether an API key was sent (the key itself is never reported).
+    pub api_key_sent: bool,
+    /// `"burst"` or `"sustained"`.
+    pub method: &'static str,
+    /// The burst sweep, when run.
+    pub burst: Option<BurstReport>,
+    /// The sustained run, when run.
+    pub sustained: Option<SustainedReport>,
+    /// What a tokenmeter proxy in front of the server measured (sustained runs).
+    pub proxy: Option<ProxyReport>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn res(ok: bool, tokens: u64, e2e_ms: f64) -> RequestResult {
+        RequestResult {
+            slot: 0,
+            ok,
+            status: Some(if ok { 200 } else { 500 }),
+            ttft_ms: ok.then_some(10.0),
+            e2e_ms,
+            completion_tokens: ok.then_some(tokens),
+            prompt_tokens: None,
+            tokens_from: TokensFrom::Usage,
+            content_events: 0,
+            tok_s: ok.then(|| tokens as f64 / (e2e_ms / 1e3)),
+            error: (!ok).then(|| "boom".into()),
+        }
+    }
+
+    #[test]
+    fn level_formulas() {
+        let l1 = LevelReport::new(1, 1.0, vec![res(true, 100, 1000.0)], None, None);
+        assert_eq!(l1.aggregate_tok_s, Some(100.0));
+        assert_eq!(l1.scaling_vs_first, None);
+        let rs = vec![
+            res(true, 100, 1000.0),
+            res(true, 100, 2000.0),
+            res(false, 0, 5.0),
+        ];
+        let l4 = LevelReport::new(4, 2.0, rs, Some(100.0), Some((1, Some(100.0))));
+        assert_eq!(l4.figures.failures, 1);
+        assert_eq!(l4.figures.completion_tokens, 200);
+        assert_eq!(l4.aggregate_tok_s, Some(100.0));
+        assert_eq!(l4.scaling_vs_first, Some(1.0));
+        assert_eq!(l4.marginal_gain_pct, Some(0.0));
+        assert_eq!(l4.users_ratio, Some(4.0));
+        let pr = l4.figures.per_request_tok_s.unwrap();
+        assert_eq!((pr.min, pr.avg, pr.max, pr.n), (50.0, 75.0, 100.0, 2));
+    }
+
+    #[test]
+    fn empty_summary_is_none() {
+        assert_eq!(summarize(Vec::<f64>::new()), None);
+        assert_eq!(summarize([f64::NAN]), None);
+    }
+}
