@@ -246,7 +246,7 @@ impl ServerTrack {
         w.prompt_tok_s = prompt_inc.map(|(p, _)| p / secs);
         let proxy = proxy(first.ts_ns, last.ts_ns);
         w.proxy_gen_tok_s = Some(proxy / secs);
-        if resets == 0 {
+        if w.counter_resets == 0 {
             if server_gen > 0.0 {
                 let pct = 100.0 * (proxy - server_gen) / server_gen;
                 w.disagreement_pct = Some(pct);
