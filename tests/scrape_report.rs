@@ -199,3 +199,41 @@ async fn wait_log(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[test]
+fn rows_for_externally_found_spans() {
+    use tokenmeter::scrape::report::{pro_rata_over, rows_for_spans, SteadySpan};
+    // 100 proxy tokens a second over seconds 100..110; the server counts 105 a second.
+    let seconds: Vec<(u64, f64)> = (100..110).map(|s| (s, 100.0)).collect();
+    let samples: Vec<ServerSample> = (0..10)
+        .map(|i| sample(100 * S + S / 2 + i * S, 105.0 * i as f64))
+        .collect();
+    let spans = [
+        SteadySpan {
+            start_sec: 100,
+            seconds: 5,
+            n: 4,
+        },
+        SteadySpan {
+            start_sec: 105,
+            seconds: 1,
+            n: 3,
+        },
+    ];
+    let (rows, overall) = rows_for_spans(&spans, &samples, pro_rata_over(&seconds), 5.0);
+    assert_eq!(rows.len(), 2);
+    // Samples at 100.5 .. 104.5 inside the first span: a 4 s interval.
+    assert_eq!(rows[0].server.interval_s, Some(4.0));
+    assert_eq!(rows[0].server.gen_tok_s, Some(105.0));
+    assert_eq!(rows[0].server.proxy_gen_tok_s, Some(100.0));
+    assert_eq!(rows[0].server.disagreement, Some(false));
+    assert_eq!((rows[0].n, rows[0].seconds), (Some(4), 5.0));
+    // One sample inside a 1 s span: no rate.
+    assert_eq!(rows[1].server.samples, 1);
+    assert_eq!(rows[1].server.gen_tok_s, None);
+    let o = overall.unwrap();
+    assert_eq!(o.server.interval_s, Some(9.0));
+    assert_eq!(o.server.gen_tok_s, Some(105.0));
+    // [100.5, 109.5]: half of 100, 101..108, half of 109 = 900 tokens.
+    assert_eq!(o.server.proxy_gen_tok_s, Some(100.0));
+}

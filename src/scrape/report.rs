@@ -193,3 +193,68 @@ pub fn render_text(r: &CrossReport) -> String {
     }
     out
 }
+
+/// A steady window found elsewhere (e.g. `analyze`'s maximal steady runs): whole seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SteadySpan {
+    /// First second (Unix seconds).
+    pub start_sec: u64,
+    /// Length, seconds.
+    pub seconds: u64,
+    /// The level it was steady at.
+    pub n: u32,
+}
+
+/// For each steady span, vLLM's count over the samples inside `[start, start + seconds)` beside
+/// the proxy's over the same `[t_first, t_last]`, read through `proxy(t0, t1)` (tokens
+/// attributed to that interval); plus the overall row from the first to the last sample.
+pub fn rows_for_spans(
+    spans: &[SteadySpan],
+    samples: &[ServerSample],
+    proxy: impl Fn(UnixNanos, UnixNanos) -> f64,
+    threshold_pct: f64,
+) -> (Vec<CrossRow>, Option<CrossRow>) {
+    let mut track = ServerTrack::new(threshold_pct);
+    for s in samples {
+        track.push(s.clone());
+    }
+    let rows = spans
+        .iter()
+        .map(|sp| {
+            let from = sp.start_sec.saturating_mul(NANOS_PER_SEC);
+            let to = sp
+                .start_sec
+                .saturating_add(sp.seconds)
+                .saturating_mul(NANOS_PER_SEC);
+            CrossRow {
+                start: format_rfc3339_micros(from),
+                start_ns: from,
+                seconds: sp.seconds as f64,
+                n: Some(sp.n),
+                server: track.window_with(from, to, &proxy),
+            }
+        })
+        .collect();
+    let first = track.samples().next().map(|s| s.ts_ns);
+    let last = track.samples().last().map(|s| s.ts_ns);
+    let overall = match (first, last) {
+        (Some(a), Some(b)) if b > a => Some(CrossRow {
+            start: format_rfc3339_micros(a),
+            start_ns: a,
+            seconds: (b - a) as f64 / NANOS_PER_SEC as f64,
+            n: None,
+            server: track.window_with(a, b + 1, &proxy),
+        }),
+        _ => None,
+    };
+    (rows, overall)
+}
+
+/// `proxy(t0, t1)` for [`rows_for_spans`] over per-second token sums `(second, tokens)`, sorted.
+pub fn pro_rata_over(seconds: &[(u64, f64)]) -> impl Fn(UnixNanos, UnixNanos) -> f64 + '_ {
+    move |a, b| {
+        let lo = seconds.partition_point(|(s, _)| *s < a / NANOS_PER_SEC);
+        let hi = seconds.partition_point(|(s, _)| *s < b.div_ceil(NANOS_PER_SEC));
+        pro_rata(seconds[lo..hi].iter().copied(), a, b)
+    }
+}
