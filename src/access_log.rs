@@ -228,6 +228,7 @@ async fn write_loop(
     mut close: oneshot::Receiver<()>,
     counters: Arc<AccessLogCounters>,
 ) {
+    let mut drops = DropReporter::default();
     let mut out = Output {
         path,
         file: Some(std::io::BufWriter::with_capacity(64 * 1024, file)),
@@ -246,6 +247,7 @@ async fn write_loop(
                         out.write(&r);
                     }
                     out.flush();
+                    drops.report(&out.counters);
                 }
                 None => break,
             },
@@ -256,4 +258,23 @@ async fn write_loop(
         out.write(&r);
     }
     out.flush();
+    drops.report(&out.counters);
+}
+
+/// Tells the process log about dropped records, at most once a second.
+#[derive(Default)]
+struct DropReporter {
+    reported: u64,
+    last: Option<std::time::Instant>,
+}
+
+impl DropReporter {
+    fn report(&mut self, counters: &AccessLogCounters) {
+        let dropped = counters.dropped.load(Ordering::Relaxed);
+        if dropped > self.reported && self.last.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(1)) {
+            tracing::warn!(dropped_total = dropped, "access log: queue full, records dropped (raise access_log_buffer)");
+            self.reported = dropped;
+            self.last = Some(std::time::Instant::now());
+        }
+    }
 }

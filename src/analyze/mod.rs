@@ -1,10 +1,165 @@
-//! `tokenmeter analyze`: capacity report (stub).
+//! `tokenmeter analyze FILE...`: the capacity report of one or more access logs.
+//!
+//! Pass 1 parses every input once, in parallel chunks, adding each selected record into
+//! order-independent per-second sums ([`crate::meter::replay`]), per-level and per-user
+//! histograms, and spilling 28 bytes per generation request to a temporary file ([`spill`]). The
+//! sweep turns the sums into the timeline; pass 2 reads the spill and files each request's tok/s
+//! under its exact mean in-flight level (a sweep in arrival order over the spill's sorted runs) for
+//! the curve's per-request min/max. Memory follows the number of active seconds, levels, users and
+//! the concurrency, never the number of lines (the spill is on disk).
+
+mod build;
+mod collect;
+mod drive;
+pub mod filter;
+pub mod html;
+pub mod input;
+pub mod parse;
+pub mod report;
+pub mod spill;
+pub mod svg;
+pub mod synth;
+pub mod tables;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use crate::clock::{Clock, UnixNanos};
+use crate::meter::replay::ReplayTimeline;
+
+pub use filter::Filter;
+pub use report::Report;
 
 /// Arguments of `tokenmeter analyze`.
-#[derive(Debug, clap::Args)]
-pub struct AnalyzeArgs {}
+#[derive(Debug, Clone, clap::Args)]
+pub struct AnalyzeArgs {
+    /// Access logs (JSON lines, plain or gzip); `-` reads stdin.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Only requests that arrived at or after this time (RFC 3339, or relative: -2h, -30m).
+    #[arg(long, allow_hyphen_values = true)]
+    pub from: Option<String>,
+    /// Only requests that arrived before this time (RFC 3339, or relative).
+    #[arg(long, allow_hyphen_values = true)]
+    pub to: Option<String>,
+    /// Only this user (repeatable).
+    #[arg(long)]
+    pub user: Vec<String>,
+    /// Only this model (repeatable).
+    #[arg(long)]
+    pub model: Vec<String>,
+    /// Shortest steady window reported, seconds.
+    #[arg(long, default_value_t = 10)]
+    pub steady_min_s: u64,
+    /// TTFT knee: first level whose p90 exceeds this factor x the p90 at the lowest level.
+    #[arg(long, default_value_t = 2.0)]
+    pub knee_factor: f64,
+    /// Print the report as JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// With --json, include every active second.
+    #[arg(long)]
+    pub per_second: bool,
+    /// Write capacity.svg, ttft.svg and timeline.svg into this directory.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Write one self-contained HTML page with all tables and plots.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+}
 
-/// Runs the analysis.
-pub async fn run_cli(_args: AnalyzeArgs) -> anyhow::Result<()> {
-    anyhow::bail!("analyze: not built yet")
+/// What to analyse and how (the library form of the arguments).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnalyzeOptions {
+    /// Record selection.
+    pub filter: Filter,
+    /// Shortest steady window reported, seconds.
+    pub steady_min_s: u64,
+    /// TTFT knee factor.
+    pub knee_factor: f64,
+    /// Include every active second in the JSON.
+    pub per_second: bool,
+}
+
+impl Default for AnalyzeOptions {
+    fn default() -> Self {
+        AnalyzeOptions {
+            filter: Filter::default(),
+            steady_min_s: 10,
+            knee_factor: 2.0,
+            per_second: false,
+        }
+    }
+}
+
+impl AnalyzeOptions {
+    /// Options from the command line; relative times are relative to `now`.
+    pub fn from_args(args: &AnalyzeArgs, now: UnixNanos) -> anyhow::Result<Self> {
+        let bound = |s: &Option<String>| {
+            s.as_deref()
+                .map(|s| filter::parse_time_bound(s, now))
+                .transpose()
+        };
+        Ok(AnalyzeOptions {
+            filter: Filter {
+                from: bound(&args.from)?,
+                to: bound(&args.to)?,
+                users: args.user.clone(),
+                models: args.model.clone(),
+            },
+            steady_min_s: args.steady_min_s,
+            knee_factor: args.knee_factor,
+            per_second: args.per_second,
+        })
+    }
+}
+
+/// Analyses the inputs (paths, `-` for stdin) into a report.
+pub fn analyze(inputs: &[PathBuf], opts: &AnalyzeOptions) -> anyhow::Result<Report> {
+    let sources: Vec<input::Source> = inputs.iter().map(|p| input::Source::open_arg(p)).collect();
+    // A file that cannot be opened at all is a usage error; failures mid-file (a truncated gzip
+    // member, an I/O error) are reported in `inputs.read_errors` with what was read before.
+    for s in &sources {
+        if let Some(path) = &s.path {
+            std::fs::File::open(path)
+                .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", s.name))?;
+        }
+    }
+    analyze_sources(&sources, opts)
+}
+
+/// Analyses already opened sources.
+pub fn analyze_sources(sources: &[input::Source], opts: &AnalyzeOptions) -> anyhow::Result<Report> {
+    let mut p1 = drive::pass1(sources, &opts.filter)?;
+    let replay = std::mem::take(&mut p1.replay);
+    let timeline: ReplayTimeline = replay.finish();
+    let level_tok_s = p1.pass2()?;
+    Ok(build::build(sources, p1, &timeline, &level_tok_s, opts))
+}
+
+/// Runs `tokenmeter analyze`.
+pub async fn run_cli(args: AnalyzeArgs) -> anyhow::Result<()> {
+    let opts = AnalyzeOptions::from_args(&args, Clock::global().now())?;
+    let report = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let report = analyze(&args.files, &opts)?;
+        if let Some(dir) = &args.svg {
+            std::fs::create_dir_all(dir)?;
+            for (name, svg) in svg::all(&report) {
+                std::fs::write(dir.join(name), svg)?;
+            }
+        }
+        if let Some(path) = &args.html {
+            std::fs::write(path, html::page(&report))?;
+        }
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            serde_json::to_writer_pretty(&mut out, &report)?;
+            writeln!(out)?;
+        } else {
+            out.write_all(tables::render(&report).as_bytes())?;
+        }
+        out.flush()?;
+        Ok(())
+    });
+    report.await?
 }

@@ -1,0 +1,257 @@
+//! Turning the two passes into the [`Report`].
+
+use crate::clock::{format_rfc3339_micros, NANOS_PER_SEC};
+use crate::meter::capacity::{CapacityAccumulator, CapacityRow, RequestLevel};
+use crate::meter::histogram::LogHistogram;
+use crate::meter::replay::ReplayTimeline;
+use crate::meter::summary::{MinMeanMax, Percentiles};
+use crate::record::Outcome;
+
+use super::collect::{LevelTokS, Pass1};
+use super::input::Source;
+use super::report::*;
+use super::AnalyzeOptions;
+
+/// Builds the report from pass 1, the finished timeline and pass 2.
+pub fn build(
+    sources: &[Source],
+    p: Pass1,
+    tl: &ReplayTimeline,
+    level_tok_s: &LevelTokS,
+    opts: &AnalyzeOptions,
+) -> Report {
+    let names: Vec<String> = sources.iter().map(|s| s.name.clone()).collect();
+    let bad_lines: u64 = p.counts.bad.values().sum();
+    let inputs = Inputs {
+        files: names.clone(),
+        lines: p.counts.lines,
+        request_lines: p.counts.request_lines,
+        other_lines: p.counts.other_lines,
+        filtered_out: p.counts.filtered_out,
+        bad_lines,
+        bad_by_reason: p.counts.bad.clone(),
+        bad_positions: p
+            .counts
+            .bad_first
+            .iter()
+            .map(|&(i, line)| format!("{}:{line}", names[i]))
+            .collect(),
+        read_errors: p
+            .counts
+            .read_errors
+            .iter()
+            .map(|(i, e)| format!("{}: {e}", names[*i]))
+            .collect(),
+    };
+    let summary = summary(&p, bad_lines);
+    let timeline = timeline(tl, opts);
+    let capacity = capacity(tl, level_tok_s, &p);
+    let saturation = saturation(&p, opts.knee_factor);
+    let users = users(&p);
+    let cold_starts = ColdStarts {
+        count: p.cold_start_count,
+        listed: p
+            .cold_starts
+            .iter()
+            .map(|c| ColdStartRow {
+                ts: format_rfc3339_micros(c.ts_ns),
+                user: c.user.clone(),
+                ttft_ms: c.ttft_ms,
+                e2e_ms: c.e2e_ms,
+            })
+            .collect(),
+    };
+    Report {
+        report: "tokenmeter-analyze",
+        version: REPORT_VERSION,
+        inputs,
+        summary,
+        timeline,
+        capacity,
+        saturation,
+        users,
+        cold_starts,
+    }
+}
+
+fn summary(p: &Pass1, bad_lines: u64) -> Summary {
+    let mut models: Vec<ModelCount> = p
+        .models
+        .iter()
+        .map(|(m, &n)| ModelCount {
+            model: m.clone(),
+            requests: n,
+        })
+        .collect();
+    if p.no_model > 0 {
+        models.push(ModelCount {
+            model: "(none)".into(),
+            requests: p.no_model,
+        });
+    }
+    models.sort_by(|a, b| b.requests.cmp(&a.requests).then(a.model.cmp(&b.model)));
+    let by_outcome = Outcome::ALL
+        .iter()
+        .zip(p.by_outcome)
+        .filter(|(_, n)| *n > 0)
+        .map(|(o, n)| (o.as_str().to_string(), n))
+        .collect();
+    let errors = Outcome::ALL
+        .iter()
+        .zip(p.by_outcome)
+        .filter(|(o, _)| o.is_error())
+        .map(|(_, n)| n)
+        .sum();
+    Summary {
+        first_arrival: p.first_arrival.map(format_rfc3339_micros),
+        last_end: p.last_end.map(format_rfc3339_micros),
+        duration_s: p
+            .first_arrival
+            .zip(p.last_end)
+            .map(|(a, b)| b.saturating_sub(a) as f64 / NANOS_PER_SEC as f64),
+        requests: p.by_outcome.iter().sum(),
+        generation_requests: p.generation_requests,
+        by_outcome,
+        errors,
+        users: p.users.len() as u64,
+        models,
+        prompt_tokens: p.prompt_tokens,
+        completion_tokens: p.completion_tokens,
+        bad_lines,
+    }
+}
+
+fn timeline(tl: &ReplayTimeline, opts: &AnalyzeOptions) -> TimelineReport {
+    // Active: some request was in flight during the second, or tokens were attributed to it (a
+    // second that only saw requests end on its first instant is idle).
+    let series: Vec<SecondRow> = tl
+        .seconds
+        .iter()
+        .filter(|s| {
+            let b = &s.bucket;
+            b.in_flight_max > 0 || b.gen_tokens != 0.0 || b.prompt_tokens != 0.0
+        })
+        .map(|s| {
+            let (min, max, mean) = s.bucket.in_flight_complete();
+            SecondRow {
+                t: s.sec,
+                gen_tokens: s.bucket.gen_tokens,
+                prompt_tokens: s.bucket.prompt_tokens,
+                in_flight_mean: mean,
+                in_flight_min: min,
+                in_flight_max: max,
+                steady: s.bucket.steady_level().is_some(),
+                started: s.bucket.requests_started,
+                finished: s.bucket.requests_finished,
+            }
+        })
+        .collect();
+    let steady_windows = tl
+        .steady_runs(opts.steady_min_s)
+        .into_iter()
+        .map(|r| SteadyWindow {
+            start: format_rfc3339_micros(r.start_sec * NANOS_PER_SEC),
+            seconds: r.seconds,
+            in_flight: r.in_flight,
+            gen_tok_s: r.gen_tokens / r.seconds as f64,
+        })
+        .collect();
+    TimelineReport {
+        active_seconds: series.len() as u64,
+        steady_seconds: series.iter().filter(|s| s.steady).count() as u64,
+        steady_min_s: opts.steady_min_s,
+        steady_windows,
+        per_second: opts.per_second.then(|| series.clone()),
+        series,
+    }
+}
+
+/// The shared curve: steady seconds from the timeline, per-request min/max from pass 2, and TTFT
+/// by arrival level with cold starts excluded (the curve's own definition, gathered in pass 1).
+fn capacity(tl: &ReplayTimeline, level_tok_s: &LevelTokS, p: &Pass1) -> Vec<CapacityRow> {
+    let mut acc = CapacityAccumulator::new();
+    tl.add_seconds_to(&mut acc);
+    for (&level, &(min, max)) in level_tok_s {
+        for v in [min, max] {
+            acc.add_request(&RequestLevel {
+                level,
+                tok_s: Some(v),
+                ttft_ms: None,
+                in_flight_at_start: 0,
+                cold_start: false,
+            });
+        }
+    }
+    let empty = LogHistogram::new();
+    let mut rows = acc.rows();
+    for row in &mut rows {
+        let h = p
+            .arrivals
+            .get(&row.in_flight)
+            .map_or(&empty, |a| &a.ttft_ms);
+        row.ttft_ms = Percentiles::of(h);
+    }
+    rows
+}
+
+fn saturation(p: &Pass1, knee_factor: f64) -> Saturation {
+    let levels: Vec<SaturationLevel> = p
+        .arrivals
+        .iter()
+        .map(|(&n, a)| SaturationLevel {
+            in_flight: n,
+            requests: a.requests,
+            ttft_ms: Percentiles::of(&a.ttft_ms),
+        })
+        .collect();
+    let base = levels
+        .iter()
+        .find_map(|l| l.ttft_ms.p90.map(|v| (l.in_flight, v)));
+    let knee = base.and_then(|(bn, bv)| {
+        levels.iter().find_map(|l| match l.ttft_ms.p90 {
+            Some(v) if l.in_flight > bn && v > knee_factor * bv => Some(Knee {
+                in_flight: l.in_flight,
+                ttft_p90_ms: v,
+                baseline_in_flight: bn,
+                baseline_ttft_p90_ms: bv,
+            }),
+            _ => None,
+        })
+    });
+    Saturation {
+        knee_factor,
+        levels,
+        knee,
+    }
+}
+
+fn users(p: &Pass1) -> Vec<UserRow> {
+    let total: u64 = p.users.values().map(|u| u.completion_tokens).sum();
+    let mut rows: Vec<UserRow> = p
+        .users
+        .iter()
+        .map(|(name, u)| {
+            let some = u.tok_s.count > 0;
+            UserRow {
+                user: name.clone(),
+                requests: u.requests,
+                generation_requests: u.generation_requests,
+                completion_tokens: u.completion_tokens,
+                tok_s: MinMeanMax {
+                    min: some.then_some(u.tok_s.min),
+                    mean: u.tok_s.mean(),
+                    max: some.then_some(u.tok_s.max),
+                },
+                ttft_p50_ms: u.ttft_ms.percentile(0.5),
+                ttft_p90_ms: u.ttft_ms.percentile(0.9),
+                share_pct: (total > 0).then(|| 100.0 * u.completion_tokens as f64 / total as f64),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.completion_tokens
+            .cmp(&a.completion_tokens)
+            .then(a.user.cmp(&b.user))
+    });
+    rows
+}

@@ -1,0 +1,278 @@
+//! Parsing one access-log line into the few fields `analyze` needs, borrowing strings from the
+//! line buffer whenever they carry no escapes.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{parse_rfc3339, UnixNanos};
+use crate::record::{is_generation_path, Outcome, RequestRecord, RECORD_SCHEMA};
+
+/// Longest plausible `e2e_ms` / `ttft_ms` (one day); larger values make the line bad.
+pub const MAX_LATENCY_MS: f64 = 86_400_000.0;
+
+/// A string borrowed from the line when possible, owned when it had escapes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Str<'a>(pub Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Str<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// Every field `analyze` reads, all optional so that lines of other types still parse.
+#[derive(Debug, Deserialize)]
+struct RawLine<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Str<'a>>,
+    schema: Option<u64>,
+    #[serde(borrow)]
+    ts: Option<Str<'a>>,
+    ts_ns: Option<u64>,
+    #[serde(borrow)]
+    user: Option<Str<'a>>,
+    #[serde(borrow)]
+    model: Option<Str<'a>>,
+    #[serde(borrow)]
+    path: Option<Str<'a>>,
+    stream: Option<bool>,
+    outcome: Option<Outcome>,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    ttft_ms: Option<f64>,
+    e2e_ms: Option<f64>,
+    tok_s: Option<f64>,
+    in_flight_at_start: Option<u32>,
+    cold_start: Option<bool>,
+}
+
+/// Only the line type, for lines whose other fields did not fit [`RawLine`].
+#[derive(Debug, Deserialize)]
+struct TypeOnly<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Str<'a>>,
+}
+
+/// Why a line was skipped as bad.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BadReason {
+    /// Not a JSON object (random bytes, truncated line, invalid UTF-8).
+    NotJson,
+    /// A `request` line without a field every record has.
+    MissingField,
+    /// A `request` line with a `schema` other than the supported one.
+    UnknownSchema,
+    /// A field of the wrong type, or an impossible value (negative or non-finite latency, more
+    /// than a day long).
+    InvalidValue,
+    /// A line longer than the reader's limit.
+    TooLong,
+}
+
+impl BadReason {
+    /// All reasons, in report order.
+    pub const ALL: [BadReason; 5] = [
+        BadReason::NotJson,
+        BadReason::MissingField,
+        BadReason::UnknownSchema,
+        BadReason::InvalidValue,
+        BadReason::TooLong,
+    ];
+}
+
+/// The fields of one valid request line.
+#[derive(Debug, Clone)]
+pub struct LeanRecord<'a> {
+    /// Arrival, Unix ns (`ts_ns`, else parsed from `ts`).
+    pub ts_ns: UnixNanos,
+    /// Who sent it.
+    pub user: Cow<'a, str>,
+    /// The requested model.
+    pub model: Option<Cow<'a, str>>,
+    /// Whether the path is a generation endpoint.
+    pub generation: bool,
+    /// Whether the request streamed.
+    pub stream: Option<bool>,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Prompt tokens.
+    pub prompt_tokens: Option<u64>,
+    /// Completion tokens.
+    pub completion_tokens: Option<u64>,
+    /// TTFT, ms.
+    pub ttft_ms: Option<f64>,
+    /// End-to-end latency, ms.
+    pub e2e_ms: Option<f64>,
+    /// completion_tokens / e2e.
+    pub tok_s: Option<f64>,
+    /// Requests in flight at arrival, itself included.
+    pub in_flight_at_start: u32,
+    /// First request after an idle gap.
+    pub cold_start: bool,
+}
+
+/// What one line turned out to be.
+#[derive(Debug)]
+pub enum Parsed<'a> {
+    /// A valid request record.
+    Request(LeanRecord<'a>),
+    /// A JSON object of another `type` (skipped silently).
+    Other,
+    /// Nothing but whitespace (skipped silently).
+    Blank,
+    /// A bad line.
+    Bad(BadReason),
+}
+
+fn latency_ok(v: Option<f64>) -> bool {
+    v.map_or(true, |v| {
+        v.is_finite() && (0.0..=MAX_LATENCY_MS).contains(&v)
+    })
+}
+
+/// Classifies and parses one line (without its newline).
+pub fn parse_line(line: &[u8]) -> Parsed<'_> {
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Parsed::Blank;
+    }
+    // One fast whole-line UTF-8 check, so the JSON reader need not re-validate every string.
+    let Ok(line) = std::str::from_utf8(line) else {
+        return Parsed::Bad(BadReason::NotJson);
+    };
+    let raw: RawLine = match serde_json::from_str(line) {
+        Ok(raw) => raw,
+        Err(e) => {
+            if e.is_data() {
+                // A well-formed object whose fields did not fit: another type is still "other".
+                if let Ok(TypeOnly { kind: Some(k) }) = serde_json::from_str::<TypeOnly>(line) {
+                    if k.0 != "request" {
+                        return Parsed::Other;
+                    }
+                }
+                return Parsed::Bad(BadReason::InvalidValue);
+            }
+            return Parsed::Bad(BadReason::NotJson);
+        }
+    };
+    match raw.kind.as_ref().map(|k| k.0.as_ref()) {
+        Some("request") => {}
+        Some(_) => return Parsed::Other,
+        None => return Parsed::Bad(BadReason::MissingField),
+    }
+    match raw.schema {
+        Some(s) if s == RECORD_SCHEMA as u64 => {}
+        Some(_) => return Parsed::Bad(BadReason::UnknownSchema),
+        None => return Parsed::Bad(BadReason::MissingField),
+    }
+    let ts_ns = raw
+        .ts_ns
+        .or_else(|| raw.ts.as_ref().and_then(|t| parse_rfc3339(&t.0)));
+    let (Some(ts_ns), Some(user), Some(path), Some(outcome), Some(ifs), Some(cold)) = (
+        ts_ns,
+        raw.user,
+        raw.path,
+        raw.outcome,
+        raw.in_flight_at_start,
+        raw.cold_start,
+    ) else {
+        return Parsed::Bad(BadReason::MissingField);
+    };
+    if !latency_ok(raw.e2e_ms)
+        || !latency_ok(raw.ttft_ms)
+        || raw.tok_s.is_some_and(|v| !v.is_finite())
+    {
+        return Parsed::Bad(BadReason::InvalidValue);
+    }
+    Parsed::Request(LeanRecord {
+        ts_ns,
+        user: user.0,
+        model: raw.model.map(|m| m.0),
+        generation: is_generation_path(&path.0),
+        stream: raw.stream,
+        outcome,
+        prompt_tokens: raw.prompt_tokens,
+        completion_tokens: raw.completion_tokens,
+        ttft_ms: raw.ttft_ms,
+        e2e_ms: raw.e2e_ms,
+        tok_s: raw.tok_s,
+        in_flight_at_start: ifs,
+        cold_start: cold,
+    })
+}
+
+impl LeanRecord<'_> {
+    /// Copies the fields the shared attribution and accumulation read into a reusable
+    /// `RequestRecord` (its strings are left alone, so nothing is allocated).
+    pub fn fill(&self, r: &mut RequestRecord) {
+        r.ts_ns = self.ts_ns;
+        r.stream = self.stream;
+        r.outcome = self.outcome;
+        r.prompt_tokens = self.prompt_tokens;
+        r.completion_tokens = self.completion_tokens;
+        r.ttft_ms = self.ttft_ms;
+        r.e2e_ms = self.e2e_ms;
+        r.tok_s = self.tok_s;
+        r.in_flight_at_start = self.in_flight_at_start;
+        r.cold_start = self.cold_start;
+    }
+}
+
+/// A blank `RequestRecord` used as the reusable scratch for [`LeanRecord::fill`].
+pub fn scratch_record() -> RequestRecord {
+    use crate::record::{TokensSource, UserSource};
+    RequestRecord {
+        kind: "request".into(),
+        schema: RECORD_SCHEMA,
+        ts: String::new(),
+        ts_ns: 0,
+        request_id: String::new(),
+        user: String::new(),
+        user_source: UserSource::Header,
+        model: None,
+        method: String::new(),
+        path: "/v1/chat/completions".into(),
+        status: None,
+        stream: None,
+        outcome: Outcome::Ok,
+        prompt_tokens: None,
+        completion_tokens: None,
+        tokens_source: TokensSource::Usage,
+        n: None,
+        first_byte_ms: None,
+        ttft_ms: None,
+        e2e_ms: None,
+        tpot_ms: None,
+        itl_max_ms: None,
+        tok_s: None,
+        decode_tok_s: None,
+        in_flight_at_start: 0,
+        cold_start: false,
+        finish_reason: None,
+        bytes_in: 0,
+        bytes_out: 0,
+        error: None,
+        server_queue_ms: None,
+        server_ttft_ms: None,
+        server_mean_itl_ms: None,
+    }
+}

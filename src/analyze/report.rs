@@ -1,0 +1,230 @@
+//! The report: every section `analyze` prints, as one serializable value.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::meter::capacity::CapacityRow;
+use crate::meter::summary::{MinMeanMax, Percentiles};
+
+use super::parse::BadReason;
+
+/// Version of the `--json` report layout (see `schemas/analyze.schema.json`).
+pub const REPORT_VERSION: u32 = 1;
+
+/// Everything `analyze` found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Always `"tokenmeter-analyze"`.
+    pub report: &'static str,
+    /// [`REPORT_VERSION`].
+    pub version: u32,
+    /// What was read.
+    pub inputs: Inputs,
+    /// Totals over the selected requests.
+    pub summary: Summary,
+    /// Per-second reconstruction and steady windows.
+    pub timeline: TimelineReport,
+    /// The capacity curve (steady seconds only), rows by N.
+    pub capacity: Vec<CapacityRow>,
+    /// TTFT by arrival level and the knee.
+    pub saturation: Saturation,
+    /// Per-user figures, by generated tokens descending.
+    pub users: Vec<UserRow>,
+    /// Cold-start requests, listed apart.
+    pub cold_starts: ColdStarts,
+}
+
+/// What was read and what was skipped.
+#[derive(Debug, Clone, Serialize)]
+pub struct Inputs {
+    /// The inputs as named (`-` for stdin).
+    pub files: Vec<String>,
+    /// Lines read, blank ones included.
+    pub lines: u64,
+    /// Valid `request` lines, before filtering.
+    pub request_lines: u64,
+    /// Lines of other `type`s, skipped.
+    pub other_lines: u64,
+    /// Request lines the filters left out.
+    pub filtered_out: u64,
+    /// Bad lines skipped (all reasons).
+    pub bad_lines: u64,
+    /// Bad lines by reason.
+    pub bad_by_reason: BTreeMap<BadReason, u64>,
+    /// `file:line` of the first bad lines (at most 5), in reading order.
+    pub bad_positions: Vec<String>,
+    /// Inputs that could not be read to the end: `file: error`.
+    pub read_errors: Vec<String>,
+}
+
+/// Totals over the selected requests (all paths unless said otherwise).
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Earliest arrival, RFC 3339.
+    pub first_arrival: Option<String>,
+    /// Latest end (arrival + e2e), RFC 3339.
+    pub last_end: Option<String>,
+    /// `last_end - first_arrival`, seconds.
+    pub duration_s: Option<f64>,
+    /// Selected requests.
+    pub requests: u64,
+    /// Selected generation (chat/completions) requests.
+    pub generation_requests: u64,
+    /// Requests by outcome name.
+    pub by_outcome: BTreeMap<String, u64>,
+    /// Requests whose outcome counts as an error.
+    pub errors: u64,
+    /// Distinct users.
+    pub users: u64,
+    /// Requests per model (`(none)` for requests without one), by count descending.
+    pub models: Vec<ModelCount>,
+    /// Sum of prompt tokens.
+    pub prompt_tokens: u64,
+    /// Sum of completion tokens.
+    pub completion_tokens: u64,
+    /// Bad lines skipped (same as `inputs.bad_lines`).
+    pub bad_lines: u64,
+}
+
+/// Requests of one model.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCount {
+    /// The model name, or `(none)`.
+    pub model: String,
+    /// Requests.
+    pub requests: u64,
+}
+
+/// The reconstructed timeline.
+#[derive(Debug, Clone, Serialize)]
+pub struct TimelineReport {
+    /// Seconds during which a request was in flight or to which tokens were attributed.
+    pub active_seconds: u64,
+    /// Seconds steady at some N > 0.
+    pub steady_seconds: u64,
+    /// Minimum length of a steady window, seconds.
+    pub steady_min_s: u64,
+    /// Maximal runs of at least `steady_min_s` seconds steady at one N.
+    pub steady_windows: Vec<SteadyWindow>,
+    /// Every active second (only with `--per-second`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_second: Option<Vec<SecondRow>>,
+    /// Every active second, always kept for the plots.
+    #[serde(skip)]
+    pub series: Vec<SecondRow>,
+}
+
+/// A steady window.
+#[derive(Debug, Clone, Serialize)]
+pub struct SteadyWindow {
+    /// Start of its first second, RFC 3339.
+    pub start: String,
+    /// Length, seconds.
+    pub seconds: u64,
+    /// Requests in flight throughout.
+    pub in_flight: u32,
+    /// Completion tokens attributed to the window / its length.
+    pub gen_tok_s: f64,
+}
+
+/// One second of the timeline.
+#[derive(Debug, Clone, Serialize)]
+pub struct SecondRow {
+    /// Unix second.
+    pub t: u64,
+    /// Completion tokens attributed to the second.
+    pub gen_tokens: f64,
+    /// Prompt tokens attributed to the second.
+    pub prompt_tokens: f64,
+    /// Exact time-weighted mean in-flight level over the second.
+    pub in_flight_mean: f64,
+    /// Lowest level (exact when steady, else a lower bound).
+    pub in_flight_min: u32,
+    /// Highest level (exact when steady, else an upper bound).
+    pub in_flight_max: u32,
+    /// Whether the second was steady (no start or end inside it, level > 0).
+    pub steady: bool,
+    /// Requests that arrived in the second.
+    pub started: u32,
+    /// Requests that ended in the second.
+    pub finished: u32,
+}
+
+/// TTFT versus arrival concurrency.
+#[derive(Debug, Clone, Serialize)]
+pub struct Saturation {
+    /// The knee threshold factor.
+    pub knee_factor: f64,
+    /// One row per observed `in_flight_at_start`.
+    pub levels: Vec<SaturationLevel>,
+    /// The first level whose TTFT p90 exceeds `knee_factor` x the p90 at the lowest level.
+    pub knee: Option<Knee>,
+}
+
+/// TTFT of the generation requests that arrived at one level.
+#[derive(Debug, Clone, Serialize)]
+pub struct SaturationLevel {
+    /// `in_flight_at_start`.
+    pub in_flight: u32,
+    /// Generation requests that arrived at this level (cold starts included).
+    pub requests: u64,
+    /// Their TTFT percentiles, cold starts excluded.
+    pub ttft_ms: Percentiles,
+}
+
+/// Where TTFT starts to climb.
+#[derive(Debug, Clone, Serialize)]
+pub struct Knee {
+    /// The first level over the threshold.
+    pub in_flight: u32,
+    /// Its TTFT p90, ms.
+    pub ttft_p90_ms: f64,
+    /// The lowest level with a TTFT p90.
+    pub baseline_in_flight: u32,
+    /// TTFT p90 at the baseline level, ms.
+    pub baseline_ttft_p90_ms: f64,
+}
+
+/// One user.
+#[derive(Debug, Clone, Serialize)]
+pub struct UserRow {
+    /// The user.
+    pub user: String,
+    /// Requests of any path.
+    pub requests: u64,
+    /// Generation requests.
+    pub generation_requests: u64,
+    /// Completion tokens of generation requests.
+    pub completion_tokens: u64,
+    /// Per-request tok/s of generation requests.
+    pub tok_s: MinMeanMax,
+    /// TTFT p50 of generation requests, ms (cold starts included).
+    pub ttft_p50_ms: Option<f64>,
+    /// TTFT p90, ms.
+    pub ttft_p90_ms: Option<f64>,
+    /// Percentage of all generated (completion) tokens; `null` when nothing was generated.
+    pub share_pct: Option<f64>,
+}
+
+/// Cold starts.
+#[derive(Debug, Clone, Serialize)]
+pub struct ColdStarts {
+    /// How many selected generation requests were cold starts.
+    pub count: u64,
+    /// The earliest ones (at most 1000), by arrival.
+    pub listed: Vec<ColdStartRow>,
+}
+
+/// One cold-start request.
+#[derive(Debug, Clone, Serialize)]
+pub struct ColdStartRow {
+    /// Arrival, RFC 3339.
+    pub ts: String,
+    /// Who sent it.
+    pub user: String,
+    /// TTFT, ms.
+    pub ttft_ms: Option<f64>,
+    /// End-to-end latency, ms.
+    pub e2e_ms: Option<f64>,
+}

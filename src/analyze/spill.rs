@@ -1,0 +1,235 @@
+//! The per-request context pass 2 needs, spilled to temporary files during pass 1 so the logs
+//! are parsed only once and memory stays independent of the number of lines: 28 bytes per
+//! generation request (arrival ns, end ns, tok/s or NaN, `in_flight_at_start`), written in runs
+//! sorted by arrival (at most [`RUN_ENTRIES`] in memory at a time) and read back as one stream in
+//! arrival order by a k-way merge of the runs.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::clock::UnixNanos;
+
+/// Bytes per spilled request.
+pub const ENTRY_BYTES: usize = 28;
+/// Entries sorted in memory before a run is written (7 MiB).
+pub const RUN_ENTRIES: usize = 1 << 18;
+
+/// One spilled request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpillEntry {
+    /// Arrival, Unix ns.
+    pub start: UnixNanos,
+    /// End, Unix ns.
+    pub end: UnixNanos,
+    /// completion_tokens / e2e; NaN when unknown.
+    pub tok_s: f64,
+    /// Requests in flight at arrival (the mean-level fallback for zero-length requests).
+    pub in_flight_at_start: u32,
+}
+
+impl SpillEntry {
+    fn encode(&self) -> [u8; ENTRY_BYTES] {
+        let mut b = [0u8; ENTRY_BYTES];
+        b[0..8].copy_from_slice(&self.start.to_le_bytes());
+        b[8..16].copy_from_slice(&self.end.to_le_bytes());
+        b[16..24].copy_from_slice(&self.tok_s.to_le_bytes());
+        b[24..28].copy_from_slice(&self.in_flight_at_start.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; ENTRY_BYTES]) -> SpillEntry {
+        let u64_at = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[i..i + 8]);
+            x
+        };
+        let mut ifs = [0u8; 4];
+        ifs.copy_from_slice(&b[24..28]);
+        SpillEntry {
+            start: u64::from_le_bytes(u64_at(0)),
+            end: u64::from_le_bytes(u64_at(8)),
+            tok_s: f64::from_le_bytes(u64_at(16)),
+            in_flight_at_start: u32::from_le_bytes(ifs),
+        }
+    }
+}
+
+/// A temporary spill file of sorted runs, removed on drop.
+#[derive(Debug)]
+pub struct Spill {
+    path: PathBuf,
+    writer: Option<BufWriter<File>>,
+    pending: Vec<SpillEntry>,
+    /// (first entry index, entries) of every written run.
+    runs: Vec<(u64, u64)>,
+    written: u64,
+}
+
+impl Spill {
+    /// Creates an empty spill file in the system temp directory.
+    pub fn create() -> io::Result<Spill> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "tokenmeter-analyze-{}-{}-{}.spill",
+            std::process::id(),
+            crate::clock::Clock::global().now(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let file = File::create(&path)?;
+        Ok(Spill {
+            path,
+            writer: Some(BufWriter::with_capacity(1 << 16, file)),
+            pending: Vec::new(),
+            runs: Vec::new(),
+            written: 0,
+        })
+    }
+
+    /// Appends one entry.
+    pub fn push(&mut self, e: SpillEntry) -> io::Result<()> {
+        self.pending.push(e);
+        if self.pending.len() >= RUN_ENTRIES {
+            self.write_run()?;
+        }
+        Ok(())
+    }
+
+    fn write_run(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let Some(w) = self.writer.as_mut() else {
+            return Err(io::Error::other("spill already read"));
+        };
+        self.pending.sort_unstable_by_key(|e| e.start);
+        for e in &self.pending {
+            w.write_all(&e.encode())?;
+        }
+        let n = self.pending.len() as u64;
+        self.runs.push((self.written, n));
+        self.written += n;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Entries pushed.
+    pub fn len(&self) -> u64 {
+        self.written + self.pending.len() as u64
+    }
+
+    /// Whether nothing was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn finish_writing(&mut self) -> io::Result<()> {
+        self.write_run()?;
+        if let Some(mut w) = self.writer.take() {
+            w.flush()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Spill {
+    fn drop(&mut self) {
+        self.writer.take();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A cursor over one run.
+struct RunReader {
+    reader: BufReader<File>,
+    left: u64,
+}
+
+impl RunReader {
+    fn next(&mut self) -> io::Result<Option<SpillEntry>> {
+        if self.left == 0 {
+            return Ok(None);
+        }
+        let mut b = [0u8; ENTRY_BYTES];
+        self.reader.read_exact(&mut b)?;
+        self.left -= 1;
+        Ok(Some(SpillEntry::decode(&b)))
+    }
+}
+
+/// Calls `visit` for every entry of every spill in arrival order (ties in any order).
+pub fn for_each_by_start(
+    spills: &mut [Spill],
+    mut visit: impl FnMut(&SpillEntry),
+) -> io::Result<()> {
+    let mut readers = Vec::new();
+    for s in spills.iter_mut() {
+        s.finish_writing()?;
+        for &(first, n) in &s.runs {
+            let mut f = File::open(&s.path)?;
+            f.seek(SeekFrom::Start(first * ENTRY_BYTES as u64))?;
+            readers.push(RunReader {
+                reader: BufReader::with_capacity(1 << 15, f),
+                left: n,
+            });
+        }
+    }
+    let mut heads: Vec<Option<SpillEntry>> = Vec::with_capacity(readers.len());
+    let mut heap = BinaryHeap::new();
+    for (i, r) in readers.iter_mut().enumerate() {
+        let head = r.next()?;
+        if let Some(e) = &head {
+            heap.push(Reverse((e.start, i)));
+        }
+        heads.push(head);
+    }
+    while let Some(Reverse((_, i))) = heap.pop() {
+        if let Some(e) = heads[i].take() {
+            visit(&e);
+        }
+        heads[i] = readers[i].next()?;
+        if let Some(e) = &heads[i] {
+            heap.push(Reverse((e.start, i)));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_merge_into_arrival_order_and_files_are_removed() {
+        let mut a = Spill::create().unwrap();
+        let mut b = Spill::create().unwrap();
+        let paths = [a.path.clone(), b.path.clone()];
+        let n = RUN_ENTRIES as u64 * 2 + 17;
+        for i in 0..n {
+            // A scrambled order of arrivals 0..2n over two spills.
+            let start = (i * 7919) % n * 2;
+            let e = SpillEntry {
+                start,
+                end: start + 5,
+                tok_s: 1.5,
+                in_flight_at_start: 3,
+            };
+            a.push(e).unwrap();
+            b.push(SpillEntry {
+                start: start + 1,
+                ..e
+            })
+            .unwrap();
+        }
+        assert_eq!(a.runs.len(), 2);
+        let mut spills = [a, b];
+        let mut got = Vec::new();
+        for_each_by_start(&mut spills, |e| got.push(e.start)).unwrap();
+        assert_eq!(got, (0..2 * n).collect::<Vec<_>>());
+        drop(spills);
+        assert!(paths.iter().all(|p| !p.exists()));
+    }
+}

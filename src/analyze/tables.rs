@@ -1,0 +1,316 @@
+//! The human report: aligned Markdown-style tables, one section per concern.
+
+use std::fmt::Write;
+
+use crate::meter::capacity::CapacityRow;
+
+use super::report::Report;
+
+/// Formats an optional number with `decimals` places, `—` when unknown.
+pub fn num(v: Option<f64>, decimals: usize) -> String {
+    match v {
+        Some(v) if v.is_finite() => format!("{v:.decimals$}"),
+        _ => "—".to_string(),
+    }
+}
+
+/// "+113% for 4× users": the marginal gain of `row` over the previous row `prev_n`.
+pub fn marginal_text(row: &CapacityRow, prev_n: Option<u32>) -> String {
+    match (row.marginal_gain, prev_n) {
+        (Some(g), Some(p)) if p > 0 => {
+            let ratio = row.in_flight as f64 / p as f64;
+            let r = if ratio.fract() == 0.0 {
+                format!("{ratio:.0}")
+            } else {
+                format!("{ratio:.1}")
+            };
+            format!("{:+.0}% for {r}× users", g * 100.0)
+        }
+        _ => "—".to_string(),
+    }
+}
+
+/// A table's cells.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grid {
+    /// Column headers.
+    pub headers: Vec<String>,
+    /// Rows of cells.
+    pub rows: Vec<Vec<String>>,
+}
+
+/// A grid from headers and rows.
+pub fn grid(headers: &[&str], rows: &[Vec<String>]) -> Grid {
+    Grid {
+        headers: headers.iter().map(|h| h.to_string()).collect(),
+        rows: rows.to_vec(),
+    }
+}
+
+/// A table with aligned columns.
+pub fn table(headers: &[String], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut s = String::from("|");
+        for (cell, w) in cells.zip(&widths) {
+            let pad = w.saturating_sub(cell.chars().count());
+            let _ = write!(s, " {cell}{} |", " ".repeat(pad));
+        }
+        s.push('\n');
+        s
+    };
+    let mut out = line(&mut headers.iter().map(String::as_str));
+    out.push('|');
+    for w in &widths {
+        let _ = write!(out, "{}|", "-".repeat(w + 2));
+    }
+    out.push('\n');
+    for row in rows {
+        out.push_str(&line(&mut row.iter().map(String::as_str)));
+    }
+    out
+}
+
+/// The capacity rows as table cells.
+pub fn capacity_rows(rows: &[CapacityRow]) -> Vec<Vec<String>> {
+    let mut prev = None;
+    rows.iter()
+        .map(|r| {
+            let p = &r.per_request_tok_s;
+            let t = &r.ttft_ms;
+            let cells = vec![
+                r.in_flight.to_string(),
+                format!(
+                    "{} ± {} tok/s",
+                    num(Some(r.gen_tok_s.mean), 1),
+                    num(r.gen_tok_s.stdev, 1)
+                ),
+                format!(
+                    "{} / {} / {}",
+                    num(p.min, 1),
+                    num(Some(p.avg), 1),
+                    num(p.max, 1)
+                ),
+                format!("{} / {} / {}", num(t.p50, 0), num(t.p90, 0), num(t.p99, 0)),
+                r.scaling.map_or("—".into(), |s| format!("{s:.1}×")),
+                marginal_text(r, prev),
+                r.seconds.to_string(),
+            ];
+            prev = Some(r.in_flight);
+            cells
+        })
+        .collect()
+}
+
+/// Headers of the capacity table.
+pub const CAPACITY_HEADERS: [&str; 7] = [
+    "Concurrency",
+    "Aggregate (mean ± sd)",
+    "Per-request tok/s (min/avg/max)",
+    "TTFT ms (p50/p90/p99)",
+    "Scaling",
+    "Marginal gain",
+    "Steady s",
+];
+
+/// Every section as (title, cells).
+pub fn sections(r: &Report) -> Vec<(String, Grid)> {
+    let s = &r.summary;
+    let i = &r.inputs;
+    let mut out = Vec::new();
+    let outcomes = s
+        .by_outcome
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let models = s
+        .models
+        .iter()
+        .map(|m| format!("{} ({})", m.model, m.requests))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut bad = i.bad_lines.to_string();
+    if !i.bad_positions.is_empty() {
+        let _ = write!(bad, " (first at {})", i.bad_positions.join(", "));
+    }
+    let summary = vec![
+        vec![
+            "Period".into(),
+            format!(
+                "{} → {} ({} s)",
+                s.first_arrival.as_deref().unwrap_or("—"),
+                s.last_end.as_deref().unwrap_or("—"),
+                num(s.duration_s, 1)
+            ),
+        ],
+        vec![
+            "Requests".into(),
+            format!(
+                "{} ({} generation): {outcomes}",
+                s.requests, s.generation_requests
+            ),
+        ],
+        vec!["Errors".into(), s.errors.to_string()],
+        vec!["Users".into(), s.users.to_string()],
+        vec!["Models".into(), models],
+        vec![
+            "Tokens".into(),
+            format!(
+                "prompt {}, completion {}",
+                s.prompt_tokens, s.completion_tokens
+            ),
+        ],
+        vec![
+            "Lines".into(),
+            format!(
+                "{} read, {} requests, {} other, {} filtered out",
+                i.lines, i.request_lines, i.other_lines, i.filtered_out
+            ),
+        ],
+        vec!["Bad lines".into(), bad],
+    ];
+    let mut summary = summary;
+    for e in &i.read_errors {
+        summary.push(vec!["Read error".into(), e.clone()]);
+    }
+    out.push(("Summary".into(), grid(&["", ""], &summary)));
+    let windows: Vec<Vec<String>> = r
+        .timeline
+        .steady_windows
+        .iter()
+        .map(|w| {
+            vec![
+                w.start.clone(),
+                w.seconds.to_string(),
+                w.in_flight.to_string(),
+                format!("{:.1}", w.gen_tok_s),
+            ]
+        })
+        .collect();
+    out.push((
+        format!(
+            "Steady windows (≥ {} s; {} active s, {} steady s)",
+            r.timeline.steady_min_s, r.timeline.active_seconds, r.timeline.steady_seconds
+        ),
+        grid(&["Start", "Length s", "Running", "Gen tok/s"], &windows),
+    ));
+    out.push((
+        "Capacity (steady seconds only)".into(),
+        grid(&CAPACITY_HEADERS, &capacity_rows(&r.capacity)),
+    ));
+    let knee = r.saturation.knee.as_ref();
+    let sat: Vec<Vec<String>> = r
+        .saturation
+        .levels
+        .iter()
+        .map(|l| {
+            let mark = if knee.is_some_and(|k| k.in_flight == l.in_flight) {
+                "← knee"
+            } else {
+                ""
+            };
+            vec![
+                l.in_flight.to_string(),
+                l.requests.to_string(),
+                num(l.ttft_ms.p50, 0),
+                num(l.ttft_ms.p90, 0),
+                num(l.ttft_ms.p99, 0),
+                mark.into(),
+            ]
+        })
+        .collect();
+    let knee_title = match knee {
+        Some(k) => format!(
+            "Saturation (knee at {} in flight: TTFT p90 {:.0} ms > {} × {:.0} ms at {})",
+            k.in_flight,
+            k.ttft_p90_ms,
+            r.saturation.knee_factor,
+            k.baseline_ttft_p90_ms,
+            k.baseline_in_flight
+        ),
+        None => format!("Saturation (no knee at {} ×)", r.saturation.knee_factor),
+    };
+    out.push((
+        knee_title,
+        grid(
+            &[
+                "In flight at arrival",
+                "Requests",
+                "TTFT p50",
+                "p90",
+                "p99",
+                "",
+            ],
+            &sat,
+        ),
+    ));
+    let users: Vec<Vec<String>> = r
+        .users
+        .iter()
+        .map(|u| {
+            vec![
+                u.user.clone(),
+                u.requests.to_string(),
+                u.completion_tokens.to_string(),
+                format!(
+                    "{} ({} – {})",
+                    num(u.tok_s.mean, 1),
+                    num(u.tok_s.min, 1),
+                    num(u.tok_s.max, 1)
+                ),
+                format!("{} / {}", num(u.ttft_p50_ms, 0), num(u.ttft_p90_ms, 0)),
+                u.share_pct.map_or("—".into(), |p| format!("{p:.1}%")),
+            ]
+        })
+        .collect();
+    out.push((
+        "Per user".into(),
+        grid(
+            &[
+                "User",
+                "Requests",
+                "Completion tokens",
+                "tok/s mean (min – max)",
+                "TTFT p50/p90 ms",
+                "Share",
+            ],
+            &users,
+        ),
+    ));
+    let cold: Vec<Vec<String>> = r
+        .cold_starts
+        .listed
+        .iter()
+        .map(|c| {
+            vec![
+                c.ts.clone(),
+                c.user.clone(),
+                num(c.ttft_ms, 0),
+                num(c.e2e_ms, 0),
+            ]
+        })
+        .collect();
+    out.push((
+        format!(
+            "Cold starts ({}; kept out of the curve's TTFT)",
+            r.cold_starts.count
+        ),
+        grid(&["Arrival", "User", "TTFT ms", "E2E ms"], &cold),
+    ));
+    out
+}
+
+/// The whole human report.
+pub fn render(r: &Report) -> String {
+    let mut out = String::new();
+    for (title, g) in sections(r) {
+        let _ = writeln!(out, "## {title}\n\n{}", table(&g.headers, &g.rows));
+    }
+    out
+}
