@@ -108,6 +108,23 @@ async fn measured_run(bypass: usize) -> Vec<serde_json::Value> {
         "offline, from the access log (request lines replayed):\n{}",
         tokenmeter::scrape::report::render_text(&report)
     );
+    // The same log through `tokenmeter analyze`: its steady windows beside the server.
+    let dir = TempDir::new("xcheck-measure");
+    let path = dir.0.join("access.jsonl");
+    let mut text = String::new();
+    for l in &lines {
+        text.push_str(&l.to_string());
+        text.push('\n');
+    }
+    std::fs::write(&path, text).unwrap();
+    let r = tokenmeter::analyze::analyze(&[path], &Default::default()).unwrap();
+    let rendered = tokenmeter::analyze::tables::render(&r);
+    let section = rendered
+        .split("## ")
+        .filter(|s| s.starts_with("Steady windows") || s.starts_with("Proxy window vs server"))
+        .collect::<Vec<_>>()
+        .join("## ");
+    println!("tokenmeter analyze on the same log:\n## {section}");
     sim.shutdown().await;
     rows
 }
