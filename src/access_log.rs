@@ -12,6 +12,25 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use crate::clock::UnixNanos;
 use crate::proxy::Observer;
 use crate::record::RequestRecord;
+use crate::scrape::ServerSample;
+
+/// One line of the access log: a request record, or a sample of the upstream's own metrics.
+#[derive(Debug, Clone)]
+pub enum LogLine {
+    /// `"type": "request"`.
+    Request(Arc<RequestRecord>),
+    /// `"type": "server_sample"`.
+    ServerSample(Arc<ServerSample>),
+}
+
+impl LogLine {
+    fn to_json_line(&self) -> Vec<u8> {
+        match self {
+            LogLine::Request(r) => r.to_json_line(),
+            LogLine::ServerSample(s) => s.to_json_line(),
+        }
+    }
+}
 
 /// Counters the access-log writer keeps, shown in `/stats` and the process log.
 #[derive(Debug, Default)]
@@ -35,10 +54,25 @@ impl AccessLogCounters {
     }
 }
 
-/// The data-path side: queues records without waiting.
+/// The data-path side: queues lines without waiting.
+#[derive(Clone)]
 pub struct AccessLogSink {
-    tx: mpsc::Sender<Arc<RequestRecord>>,
+    tx: mpsc::Sender<LogLine>,
     counters: Arc<AccessLogCounters>,
+}
+
+impl AccessLogSink {
+    /// Queues a line without waiting; a full queue drops it and counts it in `dropped`.
+    pub fn send(&self, line: LogLine) {
+        if self.tx.try_send(line).is_err() {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Queues a `server_sample` line.
+    pub fn server_sample(&self, sample: Arc<ServerSample>) {
+        self.send(LogLine::ServerSample(sample));
+    }
 }
 
 impl Observer for AccessLogSink {
@@ -47,9 +81,7 @@ impl Observer for AccessLogSink {
     fn tokens(&self, _: u64, _: UnixNanos, _: u64) {}
 
     fn finished(&self, _: UnixNanos, record: &Arc<RequestRecord>, _: bool) {
-        if self.tx.try_send(record.clone()).is_err() {
-            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-        }
+        self.send(LogLine::Request(record.clone()));
     }
 }
 
@@ -128,7 +160,7 @@ struct Output {
 }
 
 impl Output {
-    fn write(&mut self, record: &RequestRecord) {
+    fn write(&mut self, record: &LogLine) {
         if self.file.is_none() {
             self.reopen();
         }
@@ -191,7 +223,7 @@ impl Output {
 async fn write_loop(
     path: PathBuf,
     file: std::fs::File,
-    mut rx: mpsc::Receiver<Arc<RequestRecord>>,
+    mut rx: mpsc::Receiver<LogLine>,
     reopen: Arc<Notify>,
     mut close: oneshot::Receiver<()>,
     counters: Arc<AccessLogCounters>,

@@ -64,6 +64,13 @@ pub struct ServeConfig {
     pub users: UsersConfig,
     /// The live meter: windows, user caps, cold starts.
     pub meter: crate::meter::MeterConfig,
+    /// vLLM's `/metrics` to scrape for the cross-check: unset or `""` = off, `"auto"` = the
+    /// upstream's `/metrics` (at the root of its host:port), or an `http://` URL.
+    pub upstream_metrics_url: Option<String>,
+    /// Seconds between two scrapes (the timeout is half of it, at most 5 s).
+    pub metrics_scrape_interval_s: f64,
+    /// A window's `server.disagreement` is true beyond this |proxy − server| / server, percent.
+    pub disagreement_threshold_pct: f64,
 }
 
 impl Default for ServeConfig {
@@ -85,6 +92,9 @@ impl Default for ServeConfig {
             timeouts: Timeouts::default(),
             users: UsersConfig::default(),
             meter: crate::meter::MeterConfig::default(),
+            upstream_metrics_url: None,
+            metrics_scrape_interval_s: 10.0,
+            disagreement_threshold_pct: 5.0,
         }
     }
 }
@@ -172,6 +182,13 @@ impl ServeConfig {
                 .with_context(|| format!("admin_listen: `{a}` is not host:port"))?;
         }
         self.upstream_uri()?;
+        self.metrics_uri()?;
+        if !(self.metrics_scrape_interval_s >= 0.1 && self.metrics_scrape_interval_s <= 3600.0) {
+            bail!("metrics_scrape_interval_s: must be between 0.1 and 3600");
+        }
+        if !(self.disagreement_threshold_pct.is_finite() && self.disagreement_threshold_pct >= 0.0) {
+            bail!("disagreement_threshold_pct: must be a non-negative number");
+        }
         if self.max_header_bytes < 1024 {
             bail!("max_header_bytes: must be at least 1024");
         }
@@ -220,6 +237,29 @@ impl ServeConfig {
         self.listen
             .parse()
             .with_context(|| format!("listen: `{}` is not host:port", self.listen))
+    }
+
+    /// The `/metrics` URL to scrape for the cross-check; `None` when scraping is off.
+    pub fn metrics_uri(&self) -> anyhow::Result<Option<http::Uri>> {
+        let raw = match self.upstream_metrics_url.as_deref().map(str::trim) {
+            None | Some("") => return Ok(None),
+            Some(r) => r,
+        };
+        if raw == "auto" {
+            let up = self.upstream_uri()?;
+            let authority = up.authority().context("upstream has no host")?;
+            let uri = format!("http://{authority}/metrics")
+                .parse()
+                .context("upstream_metrics_url")?;
+            return Ok(Some(uri));
+        }
+        let uri: http::Uri = raw
+            .parse()
+            .with_context(|| format!("upstream_metrics_url: `{raw}` is not a URL"))?;
+        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+            bail!("upstream_metrics_url: `{raw}` must be \"auto\" or http://host:port/path");
+        }
+        Ok(Some(uri))
     }
 
     /// The upstream base URI (scheme http, with an authority).

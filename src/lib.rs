@@ -14,5 +14,6 @@ pub mod meter;
 pub mod openai;
 pub mod proxy;
 pub mod record;
+pub mod scrape;
 pub mod sim;
 pub mod sse;

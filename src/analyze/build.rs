@@ -12,6 +12,42 @@ use super::input::Source;
 use super::report::*;
 use super::AnalyzeOptions;
 
+/// The cross-check over the steady runs, the proxy side read pro rata from the timeline.
+fn crosscheck(tl: &ReplayTimeline, p: &Pass1, opts: &AnalyzeOptions) -> Option<CrossCheck> {
+    use crate::scrape::report::{pro_rata_over, rows_for_spans, SteadySpan};
+    let subset = !opts.filter.users.is_empty() || !opts.filter.models.is_empty();
+    if p.server_samples.is_empty() || subset {
+        return None;
+    }
+    let spans: Vec<SteadySpan> = tl
+        .steady_runs(opts.steady_min_s)
+        .into_iter()
+        .map(|r| SteadySpan {
+            start_sec: r.start_sec,
+            seconds: r.seconds,
+            n: r.in_flight,
+        })
+        .collect();
+    let seconds: Vec<(u64, f64)> = tl
+        .seconds
+        .iter()
+        .map(|s| (s.sec, s.bucket.gen_tokens))
+        .collect();
+    let threshold = opts.disagreement_threshold_pct;
+    let (steady_windows, overall) = rows_for_spans(
+        &spans,
+        &p.server_samples,
+        pro_rata_over(&seconds),
+        threshold,
+    );
+    Some(CrossCheck {
+        threshold_pct: threshold,
+        samples: p.server_samples.len() as u64,
+        steady_windows,
+        overall,
+    })
+}
+
 /// Builds the report from pass 1, the finished timeline and pass 2.
 pub fn build(
     sources: &[Source],
@@ -43,6 +79,7 @@ pub fn build(
             .map(|(i, e)| format!("{}: {e}", names[*i]))
             .collect(),
     };
+    let crosscheck = crosscheck(tl, &p, opts);
     let summary = summary(&p, bad_lines);
     let timeline = timeline(tl, opts);
     let capacity = capacity(tl, level_tok_s, &p);
@@ -71,6 +108,7 @@ pub fn build(
         saturation,
         users,
         cold_starts,
+        crosscheck,
     }
 }
 

@@ -10,6 +10,7 @@ use crate::meter::histogram::LogHistogram;
 use crate::meter::replay::{LevelSweep, ReplayAccumulator};
 use crate::meter::timeline::{end_ns, RateStats};
 use crate::record::{Outcome, RequestRecord};
+use crate::scrape::ServerSample;
 
 use super::filter::Filter;
 use super::input::TOO_LONG_PLACEHOLDER;
@@ -108,6 +109,8 @@ pub struct Pass1 {
     pub cold_starts: Vec<ColdStart>,
     /// All cold starts among selected generation requests.
     pub cold_start_count: u64,
+    /// `server_sample` lines inside the time filter (unordered until the report sorts them).
+    pub server_samples: Vec<ServerSample>,
     scratch: RequestRecord,
     spill: Option<Spill>,
     spills: Vec<Spill>,
@@ -130,6 +133,7 @@ impl Default for Pass1 {
             arrivals: BTreeMap::new(),
             cold_starts: Vec::new(),
             cold_start_count: 0,
+            server_samples: Vec::new(),
             scratch: scratch_record(),
             spill: None,
             spills: Vec::new(),
@@ -243,7 +247,15 @@ impl Pass1 {
                     self.counts.filtered_out += 1;
                 }
             }
-            Parsed::Other => self.counts.other_lines += 1,
+            Parsed::Other => {
+                self.counts.other_lines += 1;
+                if let Some(s) = server_sample_of(line) {
+                    let after_from = filter.from.is_none_or(|f| s.ts_ns >= f);
+                    if after_from && filter.to.is_none_or(|t| s.ts_ns < t) {
+                        self.server_samples.push(s);
+                    }
+                }
+            }
             Parsed::Blank => {}
             Parsed::Bad(reason) => {
                 *self.counts.bad.entry(reason).or_default() += 1;
@@ -296,6 +308,7 @@ impl Pass1 {
             mine.requests += a.requests;
             mine.ttft_ms.merge(&a.ttft_ms);
         }
+        self.server_samples.append(&mut other.server_samples);
         self.cold_starts.append(&mut other.cold_starts);
         self.cold_starts.sort_by_key(|c| c.ts_ns);
         self.cold_starts.truncate(COLD_STARTS_LISTED);
@@ -331,4 +344,10 @@ fn min_opt(a: Option<u64>, b: Option<u64>, pick: fn(u64, u64) -> u64) -> Option<
         (Some(x), Some(y)) => Some(pick(x, y)),
         (x, y) => x.or(y),
     }
+}
+
+/// A `server_sample` line (the cross-check's scrape of vLLM's `/metrics`), if `line` is one.
+fn server_sample_of(line: &[u8]) -> Option<ServerSample> {
+    let v: serde_json::Value = serde_json::from_slice(line).ok()?;
+    ServerSample::from_json(&v)
 }

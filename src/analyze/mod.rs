@@ -54,6 +54,9 @@ pub struct AnalyzeArgs {
     /// TTFT knee: first level whose p90 exceeds this factor x the p90 at the lowest level.
     #[arg(long, default_value_t = 2.0)]
     pub knee_factor: f64,
+    /// Cross-check: flag a steady window whose proxy and server tok/s differ by more than this, %.
+    #[arg(long, default_value_t = 5.0)]
+    pub disagreement_threshold_pct: f64,
     /// Print the report as JSON instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -79,6 +82,8 @@ pub struct AnalyzeOptions {
     pub knee_factor: f64,
     /// Include every active second in the JSON.
     pub per_second: bool,
+    /// Cross-check: disagreements beyond this percentage are flagged.
+    pub disagreement_threshold_pct: f64,
 }
 
 impl Default for AnalyzeOptions {
@@ -88,6 +93,7 @@ impl Default for AnalyzeOptions {
             steady_min_s: 10,
             knee_factor: 2.0,
             per_second: false,
+            disagreement_threshold_pct: 5.0,
         }
     }
 }
@@ -110,6 +116,7 @@ impl AnalyzeOptions {
             steady_min_s: args.steady_min_s,
             knee_factor: args.knee_factor,
             per_second: args.per_second,
+            disagreement_threshold_pct: args.disagreement_threshold_pct,
         })
     }
 }

@@ -33,6 +33,23 @@ pub struct Report {
     pub users: Vec<UserRow>,
     /// Cold-start requests, listed apart.
     pub cold_starts: ColdStarts,
+    /// The proxy beside vLLM's own count (from `server_sample` lines); `null` when the logs hold
+    /// none, or when a user or model filter makes the proxy side a subset of the server's.
+    pub crosscheck: Option<CrossCheck>,
+}
+
+/// "Proxy window vs server window": each steady window's proxy tok/s beside vLLM's
+/// `generation_tokens_total` increase over the same interval (first to last sample inside it).
+#[derive(Debug, Clone, Serialize)]
+pub struct CrossCheck {
+    /// Disagreements beyond this are flagged.
+    pub threshold_pct: f64,
+    /// `server_sample` lines used.
+    pub samples: u64,
+    /// One row per steady window (same order as `timeline.steady_windows`).
+    pub steady_windows: Vec<crate::scrape::report::CrossRow>,
+    /// From the first to the last sample.
+    pub overall: Option<crate::scrape::report::CrossRow>,
 }
 
 /// What was read and what was skipped.

@@ -303,7 +303,53 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
         ),
         grid(&["Arrival", "User", "TTFT ms", "E2E ms"], &cold),
     ));
+    if let Some(c) = &r.crosscheck {
+        out.push((
+            format!(
+                "Proxy window vs server window ({} vLLM samples; flagged beyond {}%)",
+                c.samples, c.threshold_pct
+            ),
+            grid(
+                &[
+                    "Start",
+                    "N",
+                    "Compared s",
+                    "Proxy tok/s",
+                    "Server tok/s",
+                    "Difference %",
+                    "Flag",
+                ],
+                &crosscheck_rows(c),
+            ),
+        ));
+    }
     out
+}
+
+/// The cross-check rows as cells: each steady window, then the overall row (N `all`).
+fn crosscheck_rows(c: &super::report::CrossCheck) -> Vec<Vec<String>> {
+    c.steady_windows
+        .iter()
+        .chain(c.overall.as_ref())
+        .map(|row| {
+            let s = &row.server;
+            let flag = match s.disagreement {
+                Some(true) => "DISAGREE",
+                Some(false) => "ok",
+                None => "—",
+            };
+            vec![
+                row.start.clone(),
+                row.n.map_or("all".into(), |n| n.to_string()),
+                num(s.interval_s, 1),
+                num(s.proxy_gen_tok_s, 1),
+                num(s.gen_tok_s, 1),
+                s.disagreement_pct
+                    .map_or("—".into(), |p| format!("{p:+.2}")),
+                flag.into(),
+            ]
+        })
+        .collect()
 }
 
 /// The whole human report.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
 use crate::record::RequestRecord;
+use crate::scrape::{ServerSample, ServerTrack};
 
 use super::capacity::{CapacityAccumulator, RequestLevel};
 use super::config::{MeterConfig, MAX_HORIZON_S};
@@ -43,6 +44,8 @@ pub struct Meter {
     finalized_to: u64,
     last_tick_sec: u64,
     pub(super) prom: PromState,
+    /// Scrape samples of the upstream, when the cross-check is on.
+    pub(super) server: Option<ServerTrack>,
 }
 
 /// The numeric id in a proxy request id of the form `tm-<prefix hex>-<id hex>`.
@@ -72,6 +75,7 @@ impl Meter {
             capacity: CapacityAccumulator::new(),
             finalized_to: origin_sec,
             last_tick_sec: origin_sec,
+            server: None,
         }
     }
 
@@ -117,6 +121,9 @@ impl Meter {
             self.finalized_to = limit;
         }
         self.aggregate.ring.evict_before(floor);
+        if let Some(t) = &mut self.server {
+            t.evict_before(floor.saturating_mul(NANOS_PER_SEC));
+        }
         let expiry = self.config.user_idle_expiry_s.saturating_mul(NANOS_PER_SEC);
         self.users.retain(|_, s| {
             s.in_flight.level() > 0 || now.saturating_sub(s.last_event_ns) <= expiry
@@ -163,6 +170,20 @@ impl Meter {
         let key: Arc<str> = Arc::from(name);
         self.models.insert(key.clone(), Scope::new(now));
         key
+    }
+
+    /// Turns the cross-check on (aggregate windows get a `server` object); idempotent.
+    pub fn enable_server(&mut self, threshold_pct: f64) {
+        if self.server.is_none() {
+            self.server = Some(ServerTrack::new(threshold_pct));
+        }
+    }
+
+    /// Keeps a scrape sample for the windows (ignored while the cross-check is off).
+    pub fn server_sample(&mut self, sample: ServerSample) {
+        if let Some(t) = &mut self.server {
+            t.push(sample);
+        }
     }
 
     /// Generation request `id` of `user` for `model` arrived at `now` (a repeated id is ignored).

@@ -28,6 +28,8 @@ pub struct StatsContext {
     pub access_log: Arc<AccessLogCounters>,
     /// Process start, for `uptime_s`.
     pub started: UnixNanos,
+    /// The upstream `/metrics` scraper's settings and counters, when scraping is on.
+    pub scrape: Option<(crate::scrape::ScrapeConfig, Arc<crate::scrape::ScrapeCounters>)>,
 }
 
 struct AppState {
@@ -137,6 +139,10 @@ async fn stats(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: Uri)
     {
         Ok(mut snap) => {
             snap.uptime_s = now.saturating_sub(ctx.started) as f64 / NANOS_PER_SEC as f64;
+            snap.server_scrape = ctx
+                .scrape
+                .as_ref()
+                .map(|(cfg, c)| crate::scrape::ScrapeStatus::read(cfg, c));
             Json(snap).into_response()
         }
         Err(e @ SnapshotError::UnknownWindow { .. }) => error(

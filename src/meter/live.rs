@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::access_log::AccessLogCounters;
 use crate::clock::{Clock, UnixNanos};
 use crate::record::RequestRecord;
+use crate::scrape::ServerSample;
 
 use super::config::MeterConfig;
 use super::engine::Meter;
@@ -36,6 +37,11 @@ enum Event {
         now: UnixNanos,
         reply: oneshot::Sender<String>,
     },
+    ServerEnable {
+        threshold_pct: f64,
+    },
+    // Boxed like snapshots: one every scrape interval.
+    ServerSample(Box<ServerSample>),
 }
 
 struct SnapshotRequest {
@@ -85,6 +91,8 @@ pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
                 Event::Prometheus { now, reply } => {
                     let _ = reply.send(meter.prometheus(now));
                 }
+                Event::ServerEnable { threshold_pct } => meter.enable_server(threshold_pct),
+                Event::ServerSample(s) => meter.server_sample(*s),
             }
         }
     });
@@ -127,6 +135,17 @@ impl MeterHandle {
             now,
             record: record.into(),
         });
+    }
+
+    /// Turns on the cross-check: windows get a `server` object, disagreements beyond
+    /// `threshold_pct` are flagged. Without it, `server` stays `null` and samples are ignored.
+    pub fn enable_server_crosscheck(&self, threshold_pct: f64) {
+        let _ = self.tx.send(Event::ServerEnable { threshold_pct });
+    }
+
+    /// A scrape sample of the upstream's `/metrics`.
+    pub fn server_sample(&self, sample: ServerSample) {
+        let _ = self.tx.send(Event::ServerSample(Box::new(sample)));
     }
 
     /// Requests started and not yet finished, as counted by this handle's callers.

@@ -123,4 +123,7 @@ pub struct StatsSnapshot {
     pub capacity: Vec<CapacityRow>,
     /// Access-log counters (filled by the caller).
     pub access_log: AccessLogView,
+    /// The scraper of the upstream's `/metrics` (filled by the caller); `null` when scraping
+    /// is off.
+    pub server_scrape: Option<crate::scrape::ScrapeStatus>,
 }

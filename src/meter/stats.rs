@@ -55,7 +55,13 @@ impl Meter {
                 idle_s,
             }
         };
-        let agg = view(&mut self.aggregate);
+        let mut agg = view(&mut self.aggregate);
+        if let Some(track) = &self.server {
+            for (_, w) in agg.windows.0.iter_mut() {
+                let from = now_sec.saturating_sub(w.seconds) * NANOS_PER_SEC;
+                w.server = Some(track.window(from, now_sec * NANOS_PER_SEC, &self.aggregate.ring));
+            }
+        }
         let users: BTreeMap<String, ScopeView> = self
             .users
             .iter_mut()
@@ -79,6 +85,7 @@ impl Meter {
             models,
             capacity: self.capacity.rows(),
             access_log: AccessLogView::default(),
+            server_scrape: None,
         })
     }
 }

@@ -48,8 +48,9 @@ pub struct WindowStats {
     pub tpot_ms: Percentiles,
     /// End-to-end latency percentiles over requests that finished in the window, ms.
     pub e2e_ms: Percentiles,
-    /// The upstream's own counts for the window (filled by a later feature; `null` for now).
-    pub server: Option<serde_json::Value>,
+    /// vLLM's own counts over the window beside the proxy's (aggregate windows, when the
+    /// cross-check is on; `null` otherwise). See [`crate::scrape::ServerWindow`].
+    pub server: Option<crate::scrape::ServerWindow>,
 }
 
 /// Computes the window `[to - len, to)` of `ring`, clipped to seconds `>= earliest`.

@@ -36,6 +36,7 @@ use crate::clock::{Clock, UnixNanos};
 use crate::config::{ServeArgs, ServeConfig};
 use crate::meter::{spawn_meter, stats_router, MeterHandle, StatsContext};
 use crate::record::RequestRecord;
+use crate::scrape::{spawn_scraper, ScrapeConfig, ScrapeCounters};
 
 /// The body of every response the proxy sends.
 pub enum ProxyBody {
@@ -161,14 +162,25 @@ pub async fn spawn(
     let addr = listener.local_addr()?;
     let counters = Arc::new(AccessLogCounters::default());
     let mut log = None;
+    let mut log_sink = None;
     if let Some(path) = &config.access_log {
         let (sink, writer) = access_log::spawn(path, config.access_log_buffer, counters.clone())
             .with_context(|| format!("opening access log {}", path.display()))?;
+        log_sink = Some(sink.clone());
         observers.push(Arc::new(sink));
         log = Some(Arc::new(writer));
     }
     let meter = spawn_meter(config.meter.clone());
     observers.push(Arc::new(meter.clone()));
+    let mut scrape = None;
+    let mut scraper = None;
+    if let Some(url) = config.metrics_uri()? {
+        let cfg = ScrapeConfig::new(url, config.metrics_scrape_interval_s);
+        let c = Arc::new(ScrapeCounters::default());
+        meter.enable_server_crosscheck(config.disagreement_threshold_pct);
+        scraper = Some(spawn_scraper(cfg.clone(), meter.clone(), log_sink, c.clone()));
+        scrape = Some((cfg, c));
+    }
     let stats = stats_router(
         meter.clone(),
         StatsContext {
@@ -176,6 +188,7 @@ pub async fn spawn(
             bearer_token: config.stats_token.as_ref().map(|s| s.0.clone()),
             access_log: counters.clone(),
             started: Clock::global().now(),
+            scrape,
         },
     );
     let upstream = config.upstream_uri()?;
@@ -219,7 +232,13 @@ pub async fn spawn(
         config,
     });
     let (tx, rx) = oneshot::channel();
-    let task = tokio::spawn(accept_loop(listener, state.clone(), rx, log.clone()));
+    let task = tokio::spawn(accept_loop(
+        listener,
+        state.clone(),
+        rx,
+        log.clone(),
+        scraper,
+    ));
     Ok(ProxyHandle {
         addr,
         admin_addr,
@@ -237,6 +256,7 @@ async fn accept_loop(
     state: Arc<ProxyState>,
     mut shutdown: oneshot::Receiver<()>,
     log: Option<Arc<AccessLogWriter>>,
+    scraper: Option<tokio::task::JoinHandle<()>>,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut conns = JoinSet::new();
@@ -276,6 +296,10 @@ async fn accept_loop(
         }
     }
     drop(listener);
+    // No more samples once shutdown starts: the log is about to close.
+    if let Some(s) = scraper {
+        s.abort();
+    }
     let grace = Duration::from_secs(state.config.shutdown_grace_s);
     let in_flight = state.trackers.in_flight.current();
     tracing::info!(

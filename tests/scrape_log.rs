@@ -1,0 +1,132 @@
+//! Scrape samples through the meter (explicit time) and through the access-log writer: the
+//! `server` object in a snapshot against the strict stats schema, and `server_sample` lines
+//! sharing the request lines' queue and drop counting.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{assert_schema, TempDir};
+use tokenmeter::access_log::{self, AccessLogCounters};
+use tokenmeter::clock::NANOS_PER_SEC;
+use tokenmeter::meter::{Meter, MeterConfig, SnapshotQuery};
+use tokenmeter::scrape::{ServerSample, VllmValues};
+
+const S: u64 = NANOS_PER_SEC;
+const T0: u64 = 1_800_000_000 * S;
+
+fn sample(ts_ns: u64, gen: f64, in_flight: u64) -> ServerSample {
+    ServerSample {
+        ts_ns,
+        values: VllmValues {
+            running: Some(in_flight as f64),
+            waiting: Some(0.0),
+            generation_tokens_total: Some(gen),
+            prompt_tokens_total: Some(10.0),
+            kv_cache_usage: Some(0.1),
+            ttft: None,
+        },
+        proxy_in_flight: Some(in_flight),
+        scrape_ms: 2.0,
+    }
+}
+
+fn meter() -> Meter {
+    Meter::new(
+        MeterConfig {
+            windows_s: vec![10],
+            ..Default::default()
+        },
+        T0,
+    )
+}
+
+#[test]
+fn the_meter_fills_server_only_when_enabled() {
+    let mut m = meter();
+    m.server_sample(sample(T0 + S, 0.0, 0)); // ignored: cross-check off
+    let v =
+        serde_json::to_value(m.snapshot(T0 + 11 * S, &SnapshotQuery::default()).unwrap()).unwrap();
+    assert_schema("stats.schema.json", &v);
+    assert!(v["windows"]["10s"]["server"].is_null());
+
+    let mut m = meter();
+    m.enable_server(5.0);
+    let v =
+        serde_json::to_value(m.snapshot(T0 + 3 * S, &SnapshotQuery::default()).unwrap()).unwrap();
+    assert_schema("stats.schema.json", &v);
+    assert_eq!(v["windows"]["10s"]["server"]["samples"], 0);
+    assert!(v["windows"]["10s"]["server"]["gen_tok_s"].is_null());
+    // One request streaming 50 tokens a second for seconds 1..9, no server samples before.
+    m.request_started(T0 + S, 1, "u", Some("m"));
+    for i in 0..400u64 {
+        m.tokens(T0 + S + i * S / 50, 1, 1);
+    }
+    m.server_sample(sample(T0 + 2 * S, 1000.0, 1));
+    m.server_sample(sample(T0 + 6 * S, 1200.0, 1));
+    let v =
+        serde_json::to_value(m.snapshot(T0 + 9 * S, &SnapshotQuery::default()).unwrap()).unwrap();
+    assert_schema("stats.schema.json", &v);
+    let s = &v["windows"]["10s"]["server"];
+    assert_eq!(s["samples"], 2);
+    assert_eq!(s["interval_s"], 4.0);
+    assert_eq!(s["gen_tok_s"], 50.0);
+    assert_eq!(s["proxy_gen_tok_s"], 50.0);
+    assert_eq!(s["disagreement_pct"], 0.0);
+    assert_eq!(s["disagreement"], false);
+    // Users' windows do not carry it.
+    assert!(v["users"]["u"]["windows"]["10s"]["server"].is_null());
+    // The schema is strict about the object.
+    let mut bad = v.clone();
+    bad["windows"]["10s"]["server"]["extra"] = 1.into();
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/schemas/stats.schema.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(jsonschema::validator_for(&schema)
+        .unwrap()
+        .validate(&bad)
+        .is_err());
+    let mut bad = v;
+    bad["windows"]["10s"]["server"]["disagreement"] = "yes".into();
+    assert!(jsonschema::validator_for(&schema)
+        .unwrap()
+        .validate(&bad)
+        .is_err());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn samples_share_the_request_queue_and_its_drop_count() {
+    let dir = TempDir::new("xcheck-log");
+    let path = dir.0.join("access.jsonl");
+    let counters = Arc::new(AccessLogCounters::default());
+    let (sink, writer) = access_log::spawn(&path, 2, counters.clone()).unwrap();
+    // The writer task cannot run before this task yields: two lines fit, the third is dropped.
+    for i in 0..3 {
+        sink.server_sample(Arc::new(sample(T0 + i * S, i as f64, 0)));
+    }
+    assert_eq!(counters.get(), (0, 1, 0));
+    writer.close().await;
+    assert_eq!(counters.get(), (2, 1, 0));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    for l in &lines {
+        assert_schema("server_sample.schema.json", l);
+        assert_eq!(
+            ServerSample::from_json(l)
+                .unwrap()
+                .values
+                .prompt_tokens_total,
+            Some(10.0)
+        );
+    }
+    assert_eq!(lines[1]["generation_tokens_total"], 1.0);
+}
