@@ -28,8 +28,10 @@ pub struct Opts {
     pub nginx_workers: String,
     /// Concurrency levels of the latency phase.
     pub concurrency: Vec<usize>,
-    /// Rounds per concurrency level.
+    /// Event-delay rounds per concurrency level.
     pub rounds: Vec<usize>,
+    /// TTFT rounds (1-event requests) per concurrency level.
+    pub ttft_rounds: Vec<usize>,
     /// Events per request in latency rounds.
     pub events: u64,
     /// Simulator gap between events in the latency and CPU phases, ms.
@@ -44,12 +46,14 @@ pub struct Opts {
     pub phases: Vec<String>,
     /// Where the JSON goes.
     pub out_dir: PathBuf,
+    /// Extra environment for the tokenmeter processes (`--tm-env KEY=VALUE`, repeatable).
+    pub tm_env: Vec<(String, String)>,
 }
 
 const HELP: &str =
-    "options: --quick | --rounds 150,50,12 | --concurrency 1,16,256 | --events 8 | --gap-ms 10
+    "options: --quick | --ttft-rounds 2000,200,30 | --rounds 100,40,12 | --concurrency 1,16,256 | --events 8 | --gap-ms 10
   --cpu-requests 128 | --cpu-reps 3 | --ramp 1000,4000,10000 | --phases latency,cpu,ramp
-  --bin PATH | --nginx PATH|none | --nginx-workers 1|auto | --out DIR";
+  --bin PATH | --nginx PATH|none | --nginx-workers 1|auto | --out DIR | --tm-env KEY=VALUE";
 
 fn list<T: std::str::FromStr>(s: &str) -> anyhow::Result<Vec<T>> {
     s.split(',')
@@ -79,7 +83,8 @@ fn parse_opts() -> anyhow::Result<Opts> {
         nginx: default_nginx,
         nginx_workers: "1".into(),
         concurrency: vec![1, 16, 256],
-        rounds: vec![150, 50, 12],
+        rounds: vec![100, 40, 12],
+        ttft_rounds: vec![2000, 200, 30],
         events: 8,
         gap_ms: 10.0,
         cpu_requests: 128,
@@ -87,6 +92,7 @@ fn parse_opts() -> anyhow::Result<Opts> {
         ramp: vec![1000, 4000, 10000],
         phases: vec!["latency".into(), "cpu".into(), "ramp".into()],
         out_dir: root.join("benches/results"),
+        tm_env: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -97,12 +103,14 @@ fn parse_opts() -> anyhow::Result<Opts> {
         match a.as_str() {
             "--bench" => {} // cargo bench passes this to harness=false targets
             "--quick" => {
-                o.rounds = vec![40, 15, 4];
+                o.rounds = vec![30, 12, 4];
+                o.ttft_rounds = vec![400, 40, 8];
                 o.cpu_requests = 64;
                 o.cpu_reps = 2;
                 o.ramp = vec![1000, 10000];
             }
             "--rounds" => o.rounds = list(&val()?)?,
+            "--ttft-rounds" => o.ttft_rounds = list(&val()?)?,
             "--concurrency" => o.concurrency = list(&val()?)?,
             "--events" => o.events = val()?.parse()?,
             "--gap-ms" => o.gap_ms = val()?.parse()?,
@@ -114,6 +122,13 @@ fn parse_opts() -> anyhow::Result<Opts> {
             "--nginx" => o.nginx = Some(val()?).filter(|v| v != "none").map(PathBuf::from),
             "--nginx-workers" => o.nginx_workers = val()?,
             "--out" => o.out_dir = val()?.into(),
+            "--tm-env" => {
+                let kv = val()?;
+                let (k, v) = kv
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("--tm-env wants KEY=VALUE"))?;
+                o.tm_env.push((k.to_string(), v.to_string()));
+            }
             "--help" | "-h" => {
                 println!("{HELP}");
                 std::process::exit(0);
@@ -122,8 +137,8 @@ fn parse_opts() -> anyhow::Result<Opts> {
         }
     }
     anyhow::ensure!(
-        o.rounds.len() == o.concurrency.len(),
-        "--rounds needs one value per --concurrency level"
+        o.rounds.len() == o.concurrency.len() && o.ttft_rounds.len() == o.concurrency.len(),
+        "--rounds and --ttft-rounds need one value per --concurrency level"
     );
     anyhow::ensure!(
         o.bin.exists(),
@@ -150,7 +165,7 @@ fn raise_nofile() -> u64 {
             libc::setrlimit(libc::RLIMIT_NOFILE, &r);
         }
     }
-    r.rlim_cur as u64
+    r.rlim_cur
 }
 
 fn main() -> anyhow::Result<()> {
@@ -186,6 +201,7 @@ fn main() -> anyhow::Result<()> {
             nginx_workers: &o.nginx_workers,
             gap_ms: o.gap_ms,
             dir: &dir,
+            tm_env: &o.tm_env,
         };
         let env = procs::Env::start(&spec)?;
         if has("latency") {
@@ -206,6 +222,7 @@ fn main() -> anyhow::Result<()> {
             nginx_workers: &o.nginx_workers,
             gap_ms: 1000.0,
             dir: &dir,
+            tm_env: &o.tm_env,
         };
         let env = procs::Env::start(&spec)?;
         res.insert("ramp".into(), rt.block_on(phases::ramp(&env, &o)));
@@ -214,7 +231,7 @@ fn main() -> anyhow::Result<()> {
         "date_utc": report::now_utc(), "nproc": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "loadavg_before": load_before, "loadavg_after": report::loadavg(), "seconds": started.elapsed().as_secs_f64(),
         "nginx_workers": o.nginx.as_ref().map(|_| o.nginx_workers.clone()), "events_per_request": o.events,
-        "gap_ms": o.gap_ms, "nofile_limit": nofile, "ramp_steps": o.ramp, "concurrency": o.concurrency, "rounds": o.rounds,
+        "gap_ms": o.gap_ms, "nofile_limit": nofile, "ramp_steps": o.ramp, "concurrency": o.concurrency, "rounds": o.rounds, "ttft_rounds": o.ttft_rounds, "tm_env": o.tm_env,
     });
     res.insert("meta".into(), meta);
     let all = serde_json::Value::Object(res);

@@ -50,8 +50,55 @@ async fn batch(
     out
 }
 
-/// Latency rounds at each concurrency: added TTFT (rank-paired against `direct` in the same round) and
-/// added per-event delay (quantiles of stamp delays minus the direct arm's), per arm.
+/// Per arm: TTFT ns per round (one entry per stream), all stamp delays (µs), error count.
+struct Rounds {
+    ttft: Vec<Vec<Vec<u64>>>,
+    delays: Vec<Vec<f64>>,
+    errors: Vec<usize>,
+}
+
+/// `rounds` rounds of `conc` concurrent `events`-event streams per arm, arms in a fresh random order
+/// every round.
+async fn rounds(
+    env: &Env,
+    arms: &[&str],
+    clients: &[HttpClient],
+    conc: usize,
+    n_rounds: usize,
+    events: u64,
+    rng: &mut impl rand::Rng,
+) -> Rounds {
+    let n = arms.len();
+    let mut r = Rounds {
+        ttft: vec![Vec::new(); n],
+        delays: vec![Vec::new(); n],
+        errors: vec![0; n],
+    };
+    let mut order: Vec<usize> = (0..n).collect();
+    for _ in 0..n_rounds {
+        order.shuffle(rng);
+        for &i in &order {
+            let addr = addr_of(env, arms[i]).unwrap_or(env.sim);
+            let rs = batch(&clients[i], addr, conc, events).await;
+            let mut round = Vec::with_capacity(conc);
+            for s in rs {
+                if !s.ok {
+                    r.errors[i] += 1;
+                }
+                if let Some(t) = s.ttft_ns {
+                    round.push(t);
+                }
+                r.delays[i].extend(s.delays_ns.iter().map(|d| *d as f64 / 1e3));
+            }
+            r.ttft[i].push(round);
+        }
+    }
+    r
+}
+
+/// Latency at each concurrency. Added TTFT: 1-event requests, rank-paired against `direct` in the same
+/// round. Added per-event delay: `--events`-event requests, quantiles of the stamp delays minus the
+/// direct arm's same quantile.
 pub async fn latency(env: &Env, o: &Opts, rng: &mut impl rand::Rng) -> Value {
     let arms: Vec<&str> = ARMS
         .iter()
@@ -60,58 +107,45 @@ pub async fn latency(env: &Env, o: &Opts, rng: &mut impl rand::Rng) -> Value {
         .collect();
     let clients: Vec<HttpClient> = arms.iter().map(|_| client::client()).collect();
     let mut out = serde_json::Map::new();
-    for (&conc, &rounds) in o.concurrency.iter().zip(o.rounds.iter()) {
+    for (k, &conc) in o.concurrency.iter().enumerate() {
         let t = Instant::now();
-        let n = arms.len();
-        let mut ttft: Vec<Vec<Vec<u64>>> = vec![Vec::new(); n]; // arm → round → per-stream TTFT ns
-        let mut delays: Vec<Vec<f64>> = vec![Vec::new(); n];
-        let mut errors = vec![0usize; n];
         for (i, a) in arms.iter().enumerate() {
             let addr = addr_of(env, a).unwrap_or(env.sim);
             batch(&clients[i], addr, conc, 2).await; // warm the pool
         }
-        let mut order: Vec<usize> = (0..n).collect();
-        for _ in 0..rounds {
-            order.shuffle(rng);
-            for &i in &order {
-                let addr = addr_of(env, arms[i]).unwrap_or(env.sim);
-                let rs = batch(&clients[i], addr, conc, o.events).await;
-                let mut round = Vec::with_capacity(conc);
-                for r in rs {
-                    if !r.ok {
-                        errors[i] += 1;
-                    }
-                    if let Some(t) = r.ttft_ns {
-                        round.push(t);
-                    }
-                    delays[i].extend(r.delays_ns.iter().map(|d| *d as f64 / 1e3));
-                }
-                ttft[i].push(round);
-            }
-        }
-        let d50 = median(&delays[0]);
-        let d99 = pct(&delays[0], 99.0);
+        let tt = rounds(env, &arms, &clients, conc, o.ttft_rounds[k], 1, rng).await;
+        let ev = rounds(env, &arms, &clients, conc, o.rounds[k], o.events, rng).await;
+        let d50 = median(&ev.delays[0]);
+        let d99 = pct(&ev.delays[0], 99.0);
+        let sub = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
         let mut per_arm = serde_json::Map::new();
-        for i in 0..n {
-            let diffs: Vec<f64> = (0..ttft[i].len())
-                .flat_map(|r| rank_paired_us(&ttft[i][r], &ttft[0][r]))
+        for (i, arm) in arms.iter().enumerate() {
+            let diffs: Vec<f64> = (0..tt.ttft[i].len())
+                .flat_map(|r| rank_paired_us(&tt.ttft[i][r], &tt.ttft[0][r]))
                 .collect();
-            let raw: Vec<f64> = ttft[i].iter().flatten().map(|t| *t as f64 / 1e3).collect();
-            let sub = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
+            let raw: Vec<f64> = tt.ttft[i]
+                .iter()
+                .flatten()
+                .map(|t| *t as f64 / 1e3)
+                .collect();
+            let d = &ev.delays[i];
             per_arm.insert(
-                arms[i].to_string(),
+                arm.to_string(),
                 json!({
                     "ttft_us_p50": median(&raw),
                     "added_ttft_us": {"p50": median(&diffs), "p90": pct(&diffs, 90.0), "p99": pct(&diffs, 99.0)},
-                    "event_delay_us": {"p50": median(&delays[i]), "p99": pct(&delays[i], 99.0)},
-                    "added_event_delay_us": {"p50": sub(median(&delays[i]), d50), "p99": sub(pct(&delays[i], 99.0), d99)},
-                    "events": delays[i].len(),
-                    "errors": errors[i],
+                    "ttft_pairs": diffs.len(),
+                    "event_delay_us": {"p50": median(d), "p99": pct(d, 99.0)},
+                    "added_event_delay_us": {"p50": sub(median(d), d50), "p99": sub(pct(d, 99.0), d99)},
+                    "events": d.len(),
+                    "errors": tt.errors[i] + ev.errors[i],
                 }),
             );
         }
         eprintln!(
-            "latency c={conc}: {rounds} rounds in {:.1} s",
+            "latency c={conc}: {} TTFT rounds + {} event rounds in {:.1} s",
+            o.ttft_rounds[k],
+            o.rounds[k],
             t.elapsed().as_secs_f64()
         );
         out.insert(conc.to_string(), Value::Object(per_arm));

@@ -46,6 +46,8 @@ pub struct EnvSpec<'a> {
     pub gap_ms: f64,
     /// Scratch directory for configs and logs.
     pub dir: &'a Path,
+    /// Extra environment for both tokenmeter instances (e.g. `TOKIO_WORKER_THREADS=1`).
+    pub tm_env: &'a [(String, String)],
 }
 
 fn free_port() -> std::io::Result<SocketAddr> {
@@ -138,6 +140,7 @@ impl Env {
                 .arg(&log)
                 .args(extra)
                 .env("TOKENMETER_LOG", "warn")
+                .envs(spec.tm_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
                 .stdout(Stdio::null())
                 .stderr(log_file(spec.dir, &format!("{name}.log"))?)
                 .spawn()?;

@@ -46,7 +46,7 @@ fn cell(v: Option<f64>) -> String {
 
 /// Prints the tables and target verdicts to stdout.
 pub fn print(all: &Value, o: &Opts) {
-    println!("\n## Added latency vs direct (µs; TTFT rank-paired per round, event delay = quantile differences)\n");
+    println!("\n## Added latency vs direct (µs; TTFT: 1-event requests rank-paired per round; event delay: stamp-delay quantile differences)\n");
     println!("| conc | arm | TTFT p50 raw | +TTFT p50 | +TTFT p90 | +TTFT p99 | +event p50 | +event p99 | errors |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for c in &o.concurrency {
