@@ -102,6 +102,27 @@ error_log {d}/nginx-error.log warn;\nevents {{ worker_connections 30000; }}\nhtt
     )
 }
 
+/// Starts nginx in front of `sim` with its own prefix and config under `spec.dir`.
+fn start_nginx(spec: &EnvSpec, bin: &Path, sim: SocketAddr) -> anyhow::Result<(Proc, SocketAddr)> {
+    let addr = free_port()?;
+    let conf = spec.dir.join("nginx.conf");
+    std::fs::write(&conf, nginx_conf(spec.dir, addr, sim, spec.nginx_workers))?;
+    let child = Command::new(bin)
+        .arg("-p")
+        .arg(spec.dir)
+        .arg("-c")
+        .arg(&conf)
+        .arg("-e")
+        .arg(spec.dir.join("nginx-error.log"))
+        .stdout(Stdio::null())
+        .stderr(log_file(spec.dir, "nginx.stderr")?)
+        .spawn()?;
+    // Killed on drop, also when it never becomes ready.
+    let proc = Proc { child };
+    wait_ready(addr, "nginx")?;
+    Ok((proc, addr))
+}
+
 impl Env {
     /// Starts the simulator, both tokenmeter instances and (if given) nginx, and waits until each answers.
     pub fn start(spec: &EnvSpec) -> anyhow::Result<Env> {
@@ -153,26 +174,19 @@ impl Env {
         let nometer = serve("tokenmeter_nometer", &["--set", "metering=false"])?;
         let mut nginx = None;
         if let Some(bin) = spec.nginx {
-            let addr = free_port()?;
-            let conf = spec.dir.join("nginx.conf");
-            std::fs::write(&conf, nginx_conf(spec.dir, addr, sim, spec.nginx_workers))?;
-            let child = Command::new(bin)
-                .arg("-p")
-                .arg(spec.dir)
-                .arg("-c")
-                .arg(&conf)
-                .arg("-e")
-                .arg(spec.dir.join("nginx-error.log"))
-                .stdout(Stdio::null())
-                .stderr(log_file(spec.dir, "nginx.stderr")?)
-                .spawn()?;
-            let master = child.id();
-            procs.push(Proc { child });
-            wait_ready(addr, "nginx")?;
-            let mut p = vec![master];
-            p.extend(children(master));
-            pids.push(("nginx", p));
-            nginx = Some(addr);
+            match start_nginx(spec, bin, sim) {
+                Ok((proc, addr)) => {
+                    let master = proc.child.id();
+                    procs.push(proc);
+                    let mut p = vec![master];
+                    p.extend(children(master));
+                    pids.push(("nginx", p));
+                    nginx = Some(addr);
+                }
+                Err(e) => eprintln!(
+                    "note: nginx did not start ({e}; see nginx-error.log): the nginx arm is skipped"
+                ),
+            }
         }
         Ok(Env {
             sim,
