@@ -13,6 +13,19 @@ pub struct Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        // SIGTERM first: an nginx master only takes its workers down when asked to stop (a killed
+        // master leaves them running). SIGKILL after 3 s bounds the wait.
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: signalling our own child by its pid; it has not been reaped yet.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
