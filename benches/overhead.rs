@@ -1,0 +1,248 @@
+//! Overhead harness: what tokenmeter adds to a stream, against the simulator alone and nginx.
+//!
+//! `cargo bench --bench overhead -- [--quick] [options]`; `scripts/overhead.sh` prepares and runs it.
+//! The harness starts its own processes (simulator, two tokenmeter instances, nginx) on loopback so it
+//! can restart the simulator at a slower pace for the ramp, and kills every child on exit.
+
+#[path = "overhead/client.rs"]
+mod client;
+#[path = "overhead/phases.rs"]
+mod phases;
+#[path = "overhead/procs.rs"]
+mod procs;
+#[path = "overhead/report.rs"]
+mod report;
+#[path = "overhead/stats.rs"]
+mod stats;
+
+use rand::SeedableRng;
+use std::path::PathBuf;
+
+/// Harness options (see `--help`).
+pub struct Opts {
+    /// tokenmeter binary.
+    pub bin: PathBuf,
+    /// nginx binary; None skips the nginx arm.
+    pub nginx: Option<PathBuf>,
+    /// nginx worker_processes.
+    pub nginx_workers: String,
+    /// Concurrency levels of the latency phase.
+    pub concurrency: Vec<usize>,
+    /// Event-delay rounds per concurrency level.
+    pub rounds: Vec<usize>,
+    /// TTFT rounds (1-event requests) per concurrency level.
+    pub ttft_rounds: Vec<usize>,
+    /// Events per request in latency rounds.
+    pub events: u64,
+    /// Simulator gap between events in the latency and CPU phases, ms.
+    pub gap_ms: f64,
+    /// Requests per CPU run.
+    pub cpu_requests: usize,
+    /// CPU repetitions per arm.
+    pub cpu_reps: usize,
+    /// Ramp steps (concurrent streams).
+    pub ramp: Vec<usize>,
+    /// Phases to run.
+    pub phases: Vec<String>,
+    /// Where the JSON goes.
+    pub out_dir: PathBuf,
+    /// Extra environment for the tokenmeter processes (`--tm-env KEY=VALUE`, repeatable).
+    pub tm_env: Vec<(String, String)>,
+}
+
+const HELP: &str =
+    "options: --quick | --ttft-rounds 2000,200,30 | --rounds 100,40,12 | --concurrency 1,16,256 | --events 8 | --gap-ms 10
+  --cpu-requests 128 | --cpu-reps 3 | --ramp 1000,4000,10000 | --phases latency,cpu,ramp
+  --bin PATH | --nginx PATH|none | --nginx-workers 1|auto | --out DIR | --tm-env KEY=VALUE";
+
+fn list<T: std::str::FromStr>(s: &str) -> anyhow::Result<Vec<T>> {
+    s.split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<T>()
+                .map_err(|_| anyhow::anyhow!("bad list item {x:?}"))
+        })
+        .collect()
+}
+
+fn parse_opts() -> anyhow::Result<Opts> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let default_nginx = [
+        "/usr/sbin/nginx",
+        "/usr/local/sbin/nginx",
+        "/usr/local/nginx/sbin/nginx",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists());
+    let mut o = Opts {
+        bin: target.join("release/tokenmeter"),
+        nginx: default_nginx,
+        nginx_workers: "1".into(),
+        concurrency: vec![1, 16, 256],
+        rounds: vec![100, 40, 12],
+        ttft_rounds: vec![2000, 200, 30],
+        events: 8,
+        gap_ms: 10.0,
+        cpu_requests: 128,
+        cpu_reps: 3,
+        ramp: vec![1000, 4000, 10000],
+        phases: vec!["latency".into(), "cpu".into(), "ramp".into()],
+        out_dir: root.join("benches/results"),
+        tm_env: Vec::new(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || {
+            args.next()
+                .ok_or_else(|| anyhow::anyhow!("{a} needs a value"))
+        };
+        match a.as_str() {
+            "--bench" => {} // cargo bench passes this to harness=false targets
+            "--quick" => {
+                o.rounds = vec![30, 12, 4];
+                o.ttft_rounds = vec![400, 40, 8];
+                o.cpu_requests = 64;
+                o.cpu_reps = 2;
+                o.ramp = vec![1000, 10000];
+            }
+            "--rounds" => o.rounds = list(&val()?)?,
+            "--ttft-rounds" => o.ttft_rounds = list(&val()?)?,
+            "--concurrency" => o.concurrency = list(&val()?)?,
+            "--events" => o.events = val()?.parse()?,
+            "--gap-ms" => o.gap_ms = val()?.parse()?,
+            "--cpu-requests" => o.cpu_requests = val()?.parse()?,
+            "--cpu-reps" => o.cpu_reps = val()?.parse()?,
+            "--ramp" => o.ramp = list(&val()?)?,
+            "--phases" => o.phases = list(&val()?)?,
+            "--bin" => o.bin = val()?.into(),
+            "--nginx" => o.nginx = Some(val()?).filter(|v| v != "none").map(PathBuf::from),
+            "--nginx-workers" => o.nginx_workers = val()?,
+            "--out" => o.out_dir = val()?.into(),
+            "--tm-env" => {
+                let kv = val()?;
+                let (k, v) = kv
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("--tm-env wants KEY=VALUE"))?;
+                o.tm_env.push((k.to_string(), v.to_string()));
+            }
+            "--help" | "-h" => {
+                println!("{HELP}");
+                std::process::exit(0);
+            }
+            other => anyhow::bail!("unknown option {other}\n{HELP}"),
+        }
+    }
+    anyhow::ensure!(
+        o.rounds.len() == o.concurrency.len() && o.ttft_rounds.len() == o.concurrency.len(),
+        "--rounds and --ttft-rounds need one value per --concurrency level"
+    );
+    anyhow::ensure!(
+        o.bin.exists(),
+        "{} missing: cargo build --release first",
+        o.bin.display()
+    );
+    anyhow::ensure!(
+        o.events >= 1 && o.cpu_requests >= 1 && o.cpu_reps >= 1,
+        "counts must be >= 1"
+    );
+    Ok(o)
+}
+
+/// Raises the soft open-files limit to the hard one (children inherit it) and returns it.
+fn raise_nofile() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain getrlimit/setrlimit on a struct we own; children inherit the raised soft limit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+    r.rlim_cur
+}
+
+fn main() -> anyhow::Result<()> {
+    let o = parse_opts()?;
+    stats::self_check();
+    client::self_check();
+    let mut o = o;
+    let nofile = raise_nofile();
+    // A proxy holds two descriptors per stream (client side, upstream side).
+    let cap = (nofile.saturating_sub(100) / 2) as usize;
+    if o.ramp.iter().any(|&n| n > cap) {
+        eprintln!("note: open-files limit {nofile} lets a proxy hold at most {cap} streams: ramp steps capped to {cap}");
+        o.ramp = o.ramp.iter().map(|&n| n.min(cap)).collect();
+        o.ramp.dedup();
+    }
+    let dir = std::env::temp_dir().join(format!("tokenmeter-overhead-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    if o.nginx.is_none() {
+        eprintln!("note: nginx not found (or --nginx none): the nginx arm is skipped");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut rng = rand::rngs::SmallRng::from_entropy();
+    let started = std::time::Instant::now();
+    let load_before = report::loadavg();
+    let mut res = serde_json::Map::new();
+    let has = |p: &str| o.phases.iter().any(|x| x == p);
+    if has("latency") || has("cpu") {
+        let spec = procs::EnvSpec {
+            bin: &o.bin,
+            nginx: o.nginx.as_deref(),
+            nginx_workers: &o.nginx_workers,
+            gap_ms: o.gap_ms,
+            dir: &dir,
+            tm_env: &o.tm_env,
+        };
+        let env = procs::Env::start(&spec)?;
+        if has("latency") {
+            res.insert(
+                "latency".into(),
+                rt.block_on(phases::latency(&env, &o, &mut rng)),
+            );
+        }
+        if has("cpu") {
+            res.insert("cpu".into(), rt.block_on(phases::cpu(&env, &o, &mut rng)));
+        }
+    }
+    if has("ramp") {
+        // A slow pace (1 event/s per stream) so 10,000 open streams are an idle-connection test.
+        let spec = procs::EnvSpec {
+            bin: &o.bin,
+            nginx: o.nginx.as_deref(),
+            nginx_workers: &o.nginx_workers,
+            gap_ms: 1000.0,
+            dir: &dir,
+            tm_env: &o.tm_env,
+        };
+        let env = procs::Env::start(&spec)?;
+        res.insert("ramp".into(), rt.block_on(phases::ramp(&env, &o)));
+    }
+    let meta = serde_json::json!({
+        "date_utc": report::now_utc(), "nproc": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "loadavg_before": load_before, "loadavg_after": report::loadavg(), "seconds": started.elapsed().as_secs_f64(),
+        "nginx_workers": o.nginx.as_ref().map(|_| o.nginx_workers.clone()), "events_per_request": o.events,
+        "gap_ms": o.gap_ms, "nofile_limit": nofile, "ramp_steps": o.ramp, "concurrency": o.concurrency, "rounds": o.rounds, "ttft_rounds": o.ttft_rounds, "tm_env": o.tm_env,
+    });
+    res.insert("meta".into(), meta);
+    let all = serde_json::Value::Object(res);
+    report::print(&all, &o);
+    std::fs::create_dir_all(&o.out_dir)?;
+    let path = o
+        .out_dir
+        .join(format!("overhead-{}.json", report::file_stamp()));
+    std::fs::write(&path, serde_json::to_string_pretty(&all)?)?;
+    println!("{}", serde_json::to_string(&all)?);
+    eprintln!("written {}", path.display());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
