@@ -64,8 +64,8 @@ impl std::fmt::Debug for Event {
     }
 }
 
-/// Starts the meter task on the current tokio runtime (call it inside one), its timeline
-/// starting now. Validate the config first ([`MeterConfig::validate`]); bad values are clamped.
+/// Starts the meter on a thread of its own, its timeline starting now. Validate the config first
+/// ([`MeterConfig::validate`]); bad values are clamped.
 pub fn spawn_meter(config: MeterConfig) -> MeterHandle {
     spawn_meter_at(config, Clock::global().now())
 }
@@ -74,8 +74,11 @@ pub fn spawn_meter(config: MeterConfig) -> MeterHandle {
 pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut meter = Meter::new(config, origin);
-    tokio::spawn(async move {
-        while let Some(ev) = rx.recv().await {
+    // A thread of its own, not a task: as one task among thousands of busy connections, the
+    // meter would get one cooperative budget of events per scheduler round and fall behind the
+    // events it is sent, and `/stats` would queue behind that backlog (seen at 2,000 streams).
+    let run = move || {
+        while let Some(ev) = rx.blocking_recv() {
             match ev {
                 Event::Start {
                     now,
@@ -95,7 +98,11 @@ pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
                 Event::ServerSample(s) => meter.server_sample(*s),
             }
         }
-    });
+    };
+    if let Err(e) = std::thread::Builder::new().name("tokenmeter-meter".into()).spawn(run) {
+        // Without a meter thread the proxy still serves; /stats answers that the meter stopped.
+        tracing::error!(error = %e, "cannot start the meter thread");
+    }
     MeterHandle {
         tx,
         in_flight: Arc::new(AtomicI64::new(0)),
