@@ -186,7 +186,8 @@ impl ServeConfig {
         if !(self.metrics_scrape_interval_s >= 0.1 && self.metrics_scrape_interval_s <= 3600.0) {
             bail!("metrics_scrape_interval_s: must be between 0.1 and 3600");
         }
-        if !(self.disagreement_threshold_pct.is_finite() && self.disagreement_threshold_pct >= 0.0) {
+        if !(self.disagreement_threshold_pct.is_finite() && self.disagreement_threshold_pct >= 0.0)
+        {
             bail!("disagreement_threshold_pct: must be a non-negative number");
         }
         if self.max_header_bytes < 1024 {

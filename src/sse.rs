@@ -463,7 +463,7 @@ mod split_properties {
             let mut s = SseScanner::new(256);
             for piece in input.chunks(split) {
                 s.feed(piece, |e| assert!(e.data.len() <= 256));
-                prop_assert!(s.buffered() <= 256 + 5);
+                prop_assert!(s.buffered() <= 2 * 256 + 5);
             }
         }
     }
@@ -494,6 +494,31 @@ mod split_properties {
                 }
                 assert_eq!(got, want, "{name} split {size}");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod fuzz_regressions {
+    use super::*;
+
+    /// Inputs the fuzzer (fuzz/fuzz_targets/sse_scan.rs) once failed on, replayed its way.
+    #[test]
+    fn replay_fuzz_regressions() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions");
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let data = std::fs::read(entry.unwrap().path()).unwrap();
+            let (split, stream) = (1 + data[0] as usize, &data[1..]);
+            let run = |pieces: Vec<&[u8]>| {
+                let mut s = SseScanner::new(512);
+                let mut out = Vec::new();
+                for p in pieces {
+                    s.feed(p, |e| out.push((e.data.to_vec(), e.oversize)));
+                    assert!(s.buffered() <= 2 * 512 + 5);
+                }
+                out
+            };
+            assert_eq!(run(stream.chunks(split).collect()), run(vec![stream]));
         }
     }
 }

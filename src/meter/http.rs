@@ -29,7 +29,10 @@ pub struct StatsContext {
     /// Process start, for `uptime_s`.
     pub started: UnixNanos,
     /// The upstream `/metrics` scraper's settings and counters, when scraping is on.
-    pub scrape: Option<(crate::scrape::ScrapeConfig, Arc<crate::scrape::ScrapeCounters>)>,
+    pub scrape: Option<(
+        crate::scrape::ScrapeConfig,
+        Arc<crate::scrape::ScrapeCounters>,
+    )>,
 }
 
 struct AppState {

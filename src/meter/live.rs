@@ -99,7 +99,10 @@ pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
             }
         }
     };
-    if let Err(e) = std::thread::Builder::new().name("tokenmeter-meter".into()).spawn(run) {
+    if let Err(e) = std::thread::Builder::new()
+        .name("tokenmeter-meter".into())
+        .spawn(run)
+    {
         // Without a meter thread the proxy still serves; /stats answers that the meter stopped.
         tracing::error!(error = %e, "cannot start the meter thread");
     }

@@ -178,7 +178,12 @@ pub async fn spawn(
         let cfg = ScrapeConfig::new(url, config.metrics_scrape_interval_s);
         let c = Arc::new(ScrapeCounters::default());
         meter.enable_server_crosscheck(config.disagreement_threshold_pct);
-        scraper = Some(spawn_scraper(cfg.clone(), meter.clone(), log_sink, c.clone()));
+        scraper = Some(spawn_scraper(
+            cfg.clone(),
+            meter.clone(),
+            log_sink,
+            c.clone(),
+        ));
         scrape = Some((cfg, c));
     }
     let stats = stats_router(
