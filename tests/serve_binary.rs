@@ -270,3 +270,120 @@ fn demo_runs_the_simulator_behind_the_proxy() {
         "no colour codes when not a terminal"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_secret_appears_nowhere_even_with_debug_logging() {
+    const CANARY: &str = "sk-canary-0b5e11d9c4";
+    let server_error = "HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+    let head =
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+    let up = FakeUpstream::start(vec![
+        fixture("03_chat_stream_usage.http").script(Duration::ZERO),
+        fixture("e02_unknown_model.http").script(Duration::ZERO),
+        Script {
+            steps: vec![Step::Raw(Duration::ZERO, server_error.as_bytes().to_vec())],
+        },
+        Script {
+            steps: vec![Step::Stall(Duration::from_secs(30))],
+        },
+        Script {
+            steps: vec![
+                Step::Raw(Duration::ZERO, head.as_bytes().to_vec()),
+                Step::Stall(Duration::from_secs(30)),
+            ],
+        },
+    ])
+    .await;
+    let dir = TempDir::new("canary");
+    let log = dir.0.join("a.jsonl");
+    let mut cmd = tokenmeter();
+    cmd.env("TOKENMETER_LOG", "debug");
+    let mut child = cmd
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &up.url(),
+            "--access-log",
+            log.to_str().unwrap(),
+        ])
+        .args([
+            "--set",
+            "timeouts.upstream_headers_ms=300",
+            "--set",
+            &format!("users.api_keys.ops=\"{CANARY}-ops\""),
+        ])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let addr: std::net::SocketAddr = loop {
+        let line = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        if let Some(i) = line.find("listening on ") {
+            break line[i + 13..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+        }
+    };
+    let auth = format!("Bearer {CANARY}");
+    let path = format!("/v1/chat/completions?key={CANARY}");
+    let body = format!(
+        r#"{{"model":"tiny-llama","stream":true,"messages":[{{"role":"user","content":"{CANARY}"}}]}}"#
+    );
+    let mut seen = String::new();
+    // Success, 4xx, 5xx, header timeout (504).
+    for _ in 0..4 {
+        let got = raw_request(addr, &post(&path, &body, &[("authorization", &auth)])).await;
+        seen.push_str(&String::from_utf8_lossy(&got.body));
+        seen.push_str(&got.head);
+    }
+    // Abort mid-stream.
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut c, &post(&path, &body, &[("authorization", &auth)]))
+        .await
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let _ = tokio::io::AsyncReadExt::read(&mut c, &mut buf).await;
+    drop(c);
+    for p in ["/stats", "/stats/metrics", "/stats?user=key-00000000"] {
+        let got = raw_request(
+            addr,
+            format!("GET {p} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+        seen.push_str(&String::from_utf8_lossy(&got.body));
+    }
+    signal(&child, "TERM");
+    assert!(tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap()
+        .success());
+    let process_log: Vec<String> = rx.try_iter().collect();
+    let access = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(access.lines().count(), 5, "{access}");
+    for outcome in [
+        "\"ok\"",
+        "\"upstream_error\"",
+        "\"timeout\"",
+        "\"client_aborted\"",
+    ] {
+        assert!(access.contains(outcome), "{outcome} missing: {access}");
+    }
+    assert!(
+        process_log.iter().any(|l| l.contains("DEBUG")),
+        "debug logging was on"
+    );
+    let everything = format!("{seen}{access}{}", process_log.join("\n"));
+    assert_eq!(everything.matches("canary").count(), 0, "a secret leaked");
+}
