@@ -4,9 +4,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,33 +15,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 fn serve_binary(args: &[&str]) -> (Child, SocketAddr) {
-    spawn_logged(
+    let (child, addr, _log) = spawn_logged(
         Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(args),
-    )
-}
-
-/// Starts a tokenmeter process and reads the address of its "listening on" line.
-fn spawn_logged(cmd: &mut Command) -> (Child, SocketAddr) {
-    let mut child = cmd
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("log line").unwrap();
-        if let Some(i) = line.find("listening on ") {
-            break line[i + 13..]
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap();
-        }
-    };
-    std::thread::spawn(move || for _ in lines.by_ref() {});
+    );
     (child, addr)
 }
 
@@ -183,7 +160,7 @@ async fn two_thousand_streams_for_a_minute() {
         "max_num_seqs = 2048\nstep_per_seq_ms = 0.02\nstop_probability_per_token = 0.0\n",
     )
     .unwrap();
-    let (mut sim, sim_addr) = spawn_logged(
+    let (mut sim, sim_addr, _sim_log) = spawn_logged(
         Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
             .args(["sim", "--listen", "127.0.0.1:0", "--config"])
             .arg(&sim_cfg),

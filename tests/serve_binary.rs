@@ -2,8 +2,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use common::*;
@@ -14,7 +13,7 @@ fn tokenmeter() -> Command {
     c
 }
 
-/// Starts `serve`, returns the child and the address from its "listening on" line.
+/// Starts `serve`, returns the child, the address from its "listening on" line, and its log.
 fn start_serve(
     args: &[&str],
 ) -> (
@@ -22,31 +21,12 @@ fn start_serve(
     std::net::SocketAddr,
     std::sync::mpsc::Receiver<String>,
 ) {
-    let mut child = tokenmeter()
-        .arg("serve")
-        .args(["--listen", "127.0.0.1:0"])
-        .args(args)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let addr = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("a log line");
-        if let Some(i) = line.find("listening on ") {
-            let rest = &line[i + "listening on ".len()..];
-            break rest.split_whitespace().next().unwrap().parse().unwrap();
-        }
-    };
-    (child, addr, rx)
+    spawn_logged(
+        tokenmeter()
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args),
+    )
 }
 
 fn signal(child: &Child, sig: &str) {
@@ -297,8 +277,7 @@ async fn a_canary_secret_appears_nowhere_even_with_debug_logging() {
     let dir = TempDir::new("canary");
     let log = dir.0.join("a.jsonl");
     let mut cmd = tokenmeter();
-    cmd.env("TOKENMETER_LOG", "debug");
-    let mut child = cmd
+    cmd.env("TOKENMETER_LOG", "debug")
         .args([
             "serve",
             "--listen",
@@ -313,29 +292,8 @@ async fn a_canary_secret_appears_nowhere_even_with_debug_logging() {
             "timeouts.upstream_headers_ms=300",
             "--set",
             &format!("users.api_keys.ops=\"{CANARY}-ops\""),
-        ])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let addr: std::net::SocketAddr = loop {
-        let line = rx.recv_timeout(Duration::from_secs(20)).unwrap();
-        if let Some(i) = line.find("listening on ") {
-            break line[i + 13..]
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap();
-        }
-    };
+        ]);
+    let (mut child, addr, rx) = spawn_logged(&mut cmd);
     let auth = format!("Bearer {CANARY}");
     let path = format!("/v1/chat/completions?key={CANARY}");
     let body = format!(

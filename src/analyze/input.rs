@@ -222,7 +222,7 @@ mod tests {
     #[test]
     fn chunks_keep_line_numbers_and_replace_over_long_lines() {
         let mut data = b"a\r\n\nbb\n".to_vec();
-        data.extend(std::iter::repeat(b'x').take(MAX_LINE_BYTES + 10));
+        data.extend(std::iter::repeat_n(b'x', MAX_LINE_BYTES + 10));
         data.extend_from_slice(b"\nlast");
         for cap in [3, 64, 1 << 16] {
             let got = all_lines(&data, cap);

@@ -145,9 +145,7 @@ pub enum Parsed<'a> {
 }
 
 fn latency_ok(v: Option<f64>) -> bool {
-    v.map_or(true, |v| {
-        v.is_finite() && (0.0..=MAX_LATENCY_MS).contains(&v)
-    })
+    v.is_none_or(|v| v.is_finite() && (0.0..=MAX_LATENCY_MS).contains(&v))
 }
 
 /// Classifies and parses one line (without its newline).

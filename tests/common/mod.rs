@@ -519,3 +519,44 @@ pub fn assert_schema(name: &str, value: &serde_json::Value) {
 pub fn reset(stream: TcpStream) {
     drop(socket2_linger_zero(stream.into_std().unwrap()));
 }
+
+/// Starts a tokenmeter process; returns it, the address of its "listening on" line, and its
+/// further stderr lines.
+pub fn spawn_logged(
+    cmd: &mut std::process::Command,
+) -> (
+    std::process::Child,
+    SocketAddr,
+    std::sync::mpsc::Receiver<String>,
+) {
+    use std::io::BufRead;
+    let mut child = cmd
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let addr = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a log line");
+        if let Some(i) = line.find("listening on ") {
+            break line[i + "listening on ".len()..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+        }
+    };
+    (child, addr, rx)
+}
