@@ -11,6 +11,26 @@ use tokio::net::TcpStream;
 const CHAT: &str = "/v1/chat/completions";
 const STREAM_REQ: &str = r#"{"model":"tiny-llama","messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":true}}"#;
 
+/// Closes the client side (FIN, or RST with `rst`) and asserts the proxy closes its upstream
+/// connection within 50 ms, so vLLM aborts the request.
+async fn leave_and_expect_upstream_closed(c: TcpStream, rst: bool, up: &mut FakeUpstream) {
+    let left = Instant::now();
+    if rst {
+        reset(c)
+    } else {
+        drop(c)
+    }
+    let closed = tokio::time::timeout(Duration::from_secs(2), up.closed.recv())
+        .await
+        .expect("upstream closed")
+        .unwrap();
+    let delay = closed.saturating_duration_since(left);
+    assert!(
+        delay < Duration::from_millis(50),
+        "rst={rst}: upstream closed {delay:?} after the client left"
+    );
+}
+
 fn slow_stream(first_gap: Duration, gap: Duration, events: usize) -> Script {
     let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n";
     let mut steps = vec![Step::Raw(Duration::ZERO, head.as_bytes().to_vec())];
@@ -57,21 +77,7 @@ async fn abort_before_first_byte(rst: bool) {
     let mut c = TcpStream::connect(proxy.addr).await.unwrap();
     c.write_all(&post(CHAT, STREAM_REQ, &[])).await.unwrap();
     up.seen.recv().await.unwrap();
-    let left = Instant::now();
-    if rst {
-        reset(c)
-    } else {
-        drop(c)
-    }
-    let closed = tokio::time::timeout(Duration::from_secs(2), up.closed.recv())
-        .await
-        .expect("upstream closed")
-        .unwrap();
-    let delay = closed.saturating_duration_since(left);
-    assert!(
-        delay < Duration::from_millis(50),
-        "rst={rst}: upstream closed {delay:?} after the client left"
-    );
+    leave_and_expect_upstream_closed(c, rst, &mut up).await;
     let lines = proxy.finish().await;
     assert_eq!(lines[0]["outcome"], "client_aborted");
     assert!(lines[0]["status"].is_null());
@@ -107,21 +113,7 @@ async fn abort_mid_stream(rst: bool) {
         assert!(n > 0);
         got.extend_from_slice(&buf[..n]);
     }
-    let left = Instant::now();
-    if rst {
-        reset(c)
-    } else {
-        drop(c)
-    }
-    let closed = tokio::time::timeout(Duration::from_secs(2), up.closed.recv())
-        .await
-        .expect("upstream closed")
-        .unwrap();
-    let delay = closed.saturating_duration_since(left);
-    assert!(
-        delay < Duration::from_millis(50),
-        "rst={rst}: upstream closed {delay:?} after the client left"
-    );
+    leave_and_expect_upstream_closed(c, rst, &mut up).await;
     let lines = proxy.finish().await;
     let l = &lines[0];
     assert_schema("record.schema.json", l);
