@@ -18,7 +18,7 @@ fn events(pieces: &[&[u8]]) -> Vec<(Vec<u8>, bool)> {
             out.push((e.data.to_vec(), e.oversize));
         });
         // One event's data plus one pending line, each bounded (see `SseScanner::new`).
-        assert!(s.buffered() <= 2 * MAX + 5);
+        assert!(s.buffered() <= 2 * MAX + 6);
     }
     out
 }
