@@ -59,15 +59,17 @@ proptest! {
             r.request_id = format!("tm-1-{:x}", i + 1);
             r
         }).collect();
-        let mut events: Vec<(u64, bool, usize)> = vec![];
+        // At one instant ends come before starts, except a request's own end, which must follow
+        // its start (a zero-length request); key 0 = end, 1 = start, 2 = end of a zero-length one.
+        let mut events: Vec<(u64, u8, usize)> = vec![];
         for (i, r) in recs.iter().enumerate() {
-            events.push((r.start_ns(), true, i));
-            events.push((r.end_ns(), false, i));
+            events.push((r.start_ns(), 1, i));
+            events.push((r.end_ns(), if r.end_ns() == r.start_ns() { 2 } else { 0 }, i));
         }
         events.sort();
         let mut m = Meter::new(MeterConfig::default(), T0);
-        for (t, is_start, i) in events {
-            if is_start {
+        for (t, kind, i) in events {
+            if kind == 1 {
                 m.request_started(t, i as u64 + 1, "u", None);
             } else {
                 m.request_finished(t, &recs[i]);
