@@ -44,6 +44,8 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
         listen: args.listen.clone(),
         upstream: format!("http://{}", sim.addr()),
         access_log: args.access_log.clone(),
+        // Show the cross-check too: the simulator serves vLLM's /metrics.
+        upstream_metrics_url: Some("auto".into()),
         ..ServeConfig::default()
     };
     let proxy = crate::proxy::spawn(config, Vec::new()).await?;
