@@ -166,12 +166,34 @@ async fn two_thousand_streams_for_a_minute() {
             .arg(&sim_cfg),
     );
     let log = dir.0.join("access.jsonl");
-    let (mut proxy, addr) = serve_binary(&[
-        "--upstream",
-        &format!("http://{sim_addr}"),
-        "--access-log",
-        log.to_str().unwrap(),
-    ]);
+    // /stats on its own address: the admin listener answers from a thread of its own.
+    let (mut proxy, addr, proxy_log) = spawn_logged(
+        Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args([
+                "--upstream",
+                &format!("http://{sim_addr}"),
+                "--access-log",
+                log.to_str().unwrap(),
+            ]),
+    );
+    let stats_addr: SocketAddr = loop {
+        let line = proxy_log.recv_timeout(Duration::from_secs(20)).unwrap();
+        if let Some(i) = line.find("stats listening on ") {
+            break line[i + 19..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+        }
+    };
     // ~52 ms per step at 2,000 sequences: 1,100 tokens last about a minute.
     let clients: Vec<_> = (0..2000)
         .map(|i| {
@@ -201,7 +223,7 @@ async fn two_thousand_streams_for_a_minute() {
             let mut took = Vec::new();
             while !done.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(200) {
                 let t = Instant::now();
-                let mut c = std::net::TcpStream::connect(addr).unwrap();
+                let mut c = std::net::TcpStream::connect(stats_addr).unwrap();
                 c.write_all(
                     b"GET /stats?window=10s HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
                 )
