@@ -88,7 +88,7 @@ async fn forward(
         n: None,
         bytes_in: 0,
     };
-    let mut tracker = Tracker::start(state.trackers.clone(), t0, clone_meta(&meta), metered);
+    let mut tracker = Tracker::start(state.trackers.clone(), t0, meta.clone(), metered);
 
     if cfg.users.require_known_key {
         let known = identity::bearer_key(&parts.headers)
@@ -204,19 +204,6 @@ async fn forward(
     )
 }
 
-fn clone_meta(m: &RequestMeta) -> RequestMeta {
-    RequestMeta {
-        user: m.user.clone(),
-        user_source: m.user_source,
-        model: m.model.clone(),
-        method: m.method.clone(),
-        path: m.path.clone(),
-        stream: m.stream,
-        n: m.n,
-        bytes_in: m.bytes_in,
-    }
-}
-
 fn content_type_starts(h: &http::HeaderMap, prefix: &str) -> bool {
     h.get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -270,17 +257,15 @@ fn classify_client_error(
     e: &hyper_util::client::legacy::Error,
 ) -> (ProxyError, Outcome, &'static str) {
     if e.is_connect() {
-        let cause = io_kind(e).map(|k| match k {
-            std::io::ErrorKind::ConnectionRefused => "connection refused",
-            std::io::ErrorKind::TimedOut => "connect timeout",
+        // The connector reports its own timeout as a plain error, not an io::Error.
+        let timed_out = io_kind(e) == Some(std::io::ErrorKind::TimedOut) || {
+            let d = format!("{e:?}");
+            d.contains("timed out") || d.contains("Timeout")
+        };
+        let why = match io_kind(e) {
+            _ if timed_out => "connect timeout",
+            Some(std::io::ErrorKind::ConnectionRefused) => "connection refused",
             _ => "cannot connect",
-        });
-        let why = cause.unwrap_or("cannot connect");
-        let why = if format!("{e:?}").contains("timed out") || format!("{e:?}").contains("Timeout")
-        {
-            "connect timeout"
-        } else {
-            why
         };
         return (ProxyError::bad_gateway(why), Outcome::ProxyError, why);
     }

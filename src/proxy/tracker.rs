@@ -87,6 +87,7 @@ impl TrackerShared {
 }
 
 /// What is known about a request when it is admitted.
+#[derive(Clone)]
 pub struct RequestMeta {
     /// Who sent it.
     pub user: Arc<str>,
@@ -207,7 +208,7 @@ impl Tracker {
         self.status = Some(status);
     }
 
-    /// A body frame of `len` bytes arrived from upstream at `now`.
+    /// A body frame arrived from upstream at `now`.
     #[inline]
     pub fn on_upstream_bytes(&mut self, now: Instant) {
         if self.first_byte.is_none() {
