@@ -90,6 +90,37 @@ fn scan(c: &mut Criterion) {
     g.finish();
 }
 
+/// One summary per event of a recorded stream: the fast path against serde's reading.
+fn summary(c: &mut Criterion) {
+    let body = fixture_body("03_chat_stream_usage.http");
+    let text = String::from_utf8(body).unwrap();
+    let events: Vec<&[u8]> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| d.starts_with('{'))
+        .map(str::as_bytes)
+        .collect();
+    let mut g = c.benchmark_group("summarize");
+    g.throughput(Throughput::Elements(events.len() as u64));
+    type Reader = for<'a> fn(&'a [u8]) -> Option<tokenmeter::openai::Summary<'a>>;
+    let readers: [(&str, Reader); 2] = [
+        ("fast_path", summarize),
+        ("serde_reference", tokenmeter::openai::summarize_reference),
+    ];
+    for (name, read) in readers {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                events
+                    .iter()
+                    .filter_map(|e| read(e))
+                    .map(|s| s.content_choices)
+                    .sum::<u32>()
+            })
+        });
+    }
+    g.finish();
+}
+
 fn encode(c: &mut Criterion) {
     let line = std::fs::read_to_string(format!(
         "{}/tests/fixtures/access_log_line.json",
@@ -102,5 +133,5 @@ fn encode(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, scan, encode);
+criterion_group!(benches, scan, summary, encode);
 criterion_main!(benches);

@@ -17,3 +17,4 @@ pub mod record;
 pub mod scrape;
 pub mod sim;
 pub mod sse;
+mod swar;

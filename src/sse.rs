@@ -266,27 +266,14 @@ impl SseScanner {
     }
 }
 
-/// Index of the first `\n` or `\r` in `s`. Eight bytes per step: this search runs over every byte
-/// of every streamed event, and a byte-at-a-time loop was the scanner's largest cost.
+/// Index of the first `\n` or `\r` in `s`, eight bytes per step.
 fn find_eol(s: &[u8]) -> Option<usize> {
-    const LO: u64 = 0x0101_0101_0101_0101;
-    const HI: u64 = 0x8080_8080_8080_8080;
-    let mut i = 0;
-    while i + 8 <= s.len() {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(&s[i..i + 8]);
-        let w = u64::from_le_bytes(word);
-        let (a, b) = (w ^ (LO * u64::from(b'\n')), w ^ (LO * u64::from(b'\r')));
-        // Exact test for "some byte of a (or b) is zero", i.e. some byte of w is \n (or \r).
-        if (a.wrapping_sub(LO) & !a | b.wrapping_sub(LO) & !b) & HI != 0 {
-            break;
-        }
-        i += 8;
-    }
-    s[i..]
-        .iter()
-        .position(|&c| c == b'\n' || c == b'\r')
-        .map(|p| i + p)
+    use crate::swar::eq_mask;
+    crate::swar::find(
+        s,
+        |w| eq_mask(w, b'\n') | eq_mask(w, b'\r'),
+        |c| c == b'\n' || c == b'\r',
+    )
 }
 
 #[cfg(test)]
