@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -59,6 +59,9 @@ pub struct MeteredBody {
     idle: Duration,
     last_frame: Instant,
     timer: Pin<Box<Sleep>>,
+    /// The waker the timer last registered: polling the timer registers the waker again, so it is
+    /// polled only when the task changed or the timer fired, not on every frame.
+    timer_waker: Option<Waker>,
 }
 
 impl MeteredBody {
@@ -72,6 +75,7 @@ impl MeteredBody {
             idle,
             last_frame: now,
             timer: Box::pin(tokio::time::sleep_until((now + idle).into())),
+            timer_waker: None,
         }
     }
 
@@ -96,8 +100,7 @@ impl MeteredBody {
     }
 
     /// Measures one data frame; returns what to send on (possibly less, when usage is stripped).
-    fn on_data(&mut self, data: Bytes) -> Option<Bytes> {
-        let now = Instant::now();
+    fn on_data(&mut self, data: Bytes, now: Instant) -> Option<Bytes> {
         let tracker = &mut self.tracker;
         tracker.on_upstream_bytes(now);
         let out = match &mut self.reading {
@@ -262,10 +265,11 @@ impl Body for MeteredBody {
             };
             match Pin::new(inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
-                    this.last_frame = Instant::now();
+                    let now = Instant::now();
+                    this.last_frame = now;
                     match frame.into_data() {
                         Ok(data) => {
-                            let out = this.on_data(data);
+                            let out = this.on_data(data, now);
                             // A body of known length is over with its last byte: hyper will not
                             // poll again, so the record is finished now, not at drop.
                             let over = this.inner.as_ref().is_some_and(|b| b.is_end_stream())
@@ -304,6 +308,13 @@ impl Body for MeteredBody {
                 }
                 Poll::Pending => {
                     // The timer is re-armed lazily: frames only record their time.
+                    let armed = this
+                        .timer_waker
+                        .as_ref()
+                        .is_some_and(|w| w.will_wake(cx.waker()));
+                    if armed && !this.timer.is_elapsed() {
+                        return Poll::Pending;
+                    }
                     while this.timer.as_mut().poll(cx).is_ready() {
                         let deadline = this.last_frame + this.idle;
                         if Instant::now() >= deadline {
@@ -312,6 +323,7 @@ impl Body for MeteredBody {
                         }
                         this.timer.as_mut().reset(deadline.into());
                     }
+                    this.timer_waker = Some(cx.waker().clone());
                     return Poll::Pending;
                 }
             }

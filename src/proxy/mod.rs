@@ -306,6 +306,9 @@ async fn accept_loop(
         // Also bounds what hyper queues for a client that stops reading (backpressure, not memory).
         .max_buf_size(cfg.max_header_bytes.max(8192))
         .half_close(false)
+        // One buffer and one write(2) per frame: events are a few hundred bytes, so copying them
+        // after the chunk-size line costs less than hyper's queue of three slices for writev.
+        .writev(false)
         .keep_alive(true);
     loop {
         tokio::select! {
