@@ -266,14 +266,10 @@ impl SseScanner {
     }
 }
 
-/// Index of the first `\n` or `\r` in `s`, eight bytes per step.
+/// Index of the first `\n` or `\r` in `s`: this search runs over every byte of every streamed
+/// event; memchr's vector search does it 16–32 bytes per step.
 fn find_eol(s: &[u8]) -> Option<usize> {
-    use crate::swar::eq_mask;
-    crate::swar::find(
-        s,
-        |w| eq_mask(w, b'\n') | eq_mask(w, b'\r'),
-        |c| c == b'\n' || c == b'\r',
-    )
+    memchr::memchr2(b'\n', b'\r', s)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! [`Meter`]: the single-threaded accounting core. Time is always passed in.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
@@ -39,13 +40,37 @@ pub struct Meter {
     pub(super) users: HashMap<Arc<str>, Scope>,
     pub(super) users_folded: u64,
     pub(super) models: HashMap<Arc<str>, Scope>,
-    open: HashMap<u64, OpenRequest>,
+    open: HashMap<u64, OpenRequest, BuildHasherDefault<IdHasher>>,
     pub(super) capacity: CapacityAccumulator,
     finalized_to: u64,
     last_tick_sec: u64,
     pub(super) prom: PromState,
     /// Scrape samples of the upstream, when the cross-check is on.
     pub(super) server: Option<ServerTrack>,
+}
+
+/// Hashes request ids with one multiplication. The ids are the proxy's own counters, chosen by
+/// nobody, and SipHash (built to resist chosen keys) cost about 300 instructions per streamed
+/// event here.
+#[derive(Debug, Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing: the low bits (the bucket) of consecutive ids all differ, the high
+        // bits (hashbrown's tags) are mixed.
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 /// The numeric id in a proxy request id of the form `tm-<prefix hex>-<id hex>`.
@@ -71,7 +96,7 @@ impl Meter {
             users: HashMap::new(),
             users_folded: 0,
             models: HashMap::new(),
-            open: HashMap::new(),
+            open: HashMap::default(),
             capacity: CapacityAccumulator::new(),
             finalized_to: origin_sec,
             last_tick_sec: origin_sec,

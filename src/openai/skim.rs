@@ -11,6 +11,7 @@
 use std::borrow::Cow;
 
 use super::{Summary, Usage};
+use crate::swar::find_string_special;
 
 /// The skimmer declined: serde must decide.
 #[derive(Debug)]
@@ -93,27 +94,20 @@ impl<'a> Parser<'a> {
 
     /// A string at the current `"`: its contents' byte range and whether it holds escapes.
     fn string(&mut self) -> Skimmed<(usize, usize, bool)> {
-        use crate::swar::{below_mask, eq_mask};
-        self.i += 1;
-        let start = self.i;
+        let start = self.i + 1;
+        let mut i = start;
         let mut escaped = false;
         loop {
-            let at = crate::swar::find(
-                &self.b[self.i..],
-                |w| eq_mask(w, b'"') | eq_mask(w, b'\\') | below_mask(w, 0x20),
-                |c| c == b'"' || c == b'\\' || c < 0x20,
-            )
-            .ok_or(Decline)?;
-            self.i += at;
-            match self.b[self.i] {
-                b'"' => {
-                    self.i += 1;
-                    return Ok((start, self.i - 1, escaped));
+            i = find_string_special(self.b, i);
+            match self.b.get(i) {
+                Some(b'"') => {
+                    self.i = i + 1;
+                    return Ok((start, i, escaped));
                 }
-                b'\\' => match self.b.get(self.i + 1) {
+                Some(b'\\') => match self.b.get(i + 1) {
                     Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
                         escaped = true;
-                        self.i += 2;
+                        i += 2;
                     }
                     _ => return Err(Decline),
                 },
