@@ -52,7 +52,7 @@ pub struct Opts {
 
 const HELP: &str =
     "options: --quick | --ttft-rounds 2000,200,30 | --rounds 100,40,12 | --concurrency 1,16,256 | --events 8 | --gap-ms 10
-  --cpu-requests 128 | --cpu-reps 3 | --ramp 1000,4000,10000 | --phases latency,cpu,ramp
+  --cpu-requests 128 | --cpu-reps 7 | --ramp 1000,4000,10000 | --phases latency,cpu,ramp
   --bin PATH | --nginx PATH|none | --nginx-workers 1|auto | --out DIR | --tm-env KEY=VALUE";
 
 fn list<T: std::str::FromStr>(s: &str) -> anyhow::Result<Vec<T>> {
@@ -88,7 +88,7 @@ fn parse_opts() -> anyhow::Result<Opts> {
         events: 8,
         gap_ms: 10.0,
         cpu_requests: 128,
-        cpu_reps: 3,
+        cpu_reps: 7,
         ramp: vec![1000, 4000, 10000],
         phases: vec!["latency".into(), "cpu".into(), "ramp".into()],
         out_dir: root.join("benches/results"),

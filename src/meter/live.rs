@@ -52,10 +52,14 @@ struct SnapshotRequest {
     reply: oneshot::Sender<Result<StatsSnapshot, SnapshotError>>,
 }
 
-/// How long data events may wait in the queue before the meter thread drains them. Events carry
-/// their own timestamps and every query drains the queue first, so this bounds only the queue's
-/// memory, never what `/stats` shows.
+/// How long data events may wait in the queue before the meter thread drains them, while events
+/// keep coming. Events carry their own timestamps and every query drains the queue first, so this
+/// bounds only the queue's memory, never what `/stats` shows.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
+
+/// The longest sleep between drains: after each empty drain the interval doubles up to this, so
+/// an idle proxy wakes the meter once a second instead of twenty times.
+const IDLE_DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A cheap, cloneable handle to the meter thread. Sending never blocks, locks or logs; events sent
 /// after the thread ended are dropped.
@@ -89,11 +93,16 @@ pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
     // events it is sent, and `/stats` would queue behind that backlog (seen at 2,000 streams).
     // It never registers a waker on the channel (try_recv only), so senders never wake it; it
     // drains on a timer and whenever a query unparks it.
+    let mut interval = DRAIN_INTERVAL;
     let run = move || loop {
         let ev = match rx.try_recv() {
-            Ok(ev) => ev,
+            Ok(ev) => {
+                interval = DRAIN_INTERVAL;
+                ev
+            }
             Err(mpsc::error::TryRecvError::Empty) => {
-                std::thread::park_timeout(DRAIN_INTERVAL);
+                std::thread::park_timeout(interval);
+                interval = (interval * 2).min(IDLE_DRAIN_INTERVAL);
                 continue;
             }
             Err(mpsc::error::TryRecvError::Disconnected) => break,
