@@ -58,6 +58,8 @@ pub struct ServeConfig {
     pub max_sse_event_bytes: usize,
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     pub shutdown_grace_s: u64,
+    /// Threads accepting and serving connections, each with its own runtime; 0 = one per core.
+    pub serving_threads: usize,
     /// Timeouts.
     pub timeouts: Timeouts,
     /// Who is the user.
@@ -89,6 +91,7 @@ impl Default for ServeConfig {
             max_response_scan_bytes: 4 * 1024 * 1024,
             max_sse_event_bytes: 1024 * 1024,
             shutdown_grace_s: 30,
+            serving_threads: 0,
             timeouts: Timeouts::default(),
             users: UsersConfig::default(),
             meter: crate::meter::MeterConfig::default(),
@@ -192,6 +195,9 @@ impl ServeConfig {
         }
         if self.max_header_bytes < 1024 {
             bail!("max_header_bytes: must be at least 1024");
+        }
+        if self.serving_threads > 1024 {
+            bail!("serving_threads: must be at most 1024 (0 = one per core)");
         }
         if self.max_request_body_bytes == 0
             || self.access_log_buffer == 0
