@@ -1,0 +1,330 @@
+//! The skimmer against serde's reading: recorded vLLM events, hand-picked edge cases, generated
+//! vLLM-shaped and messy JSON, and byte-mutated recorded events.
+
+use super::super::summarize_serde;
+use super::*;
+use proptest::prelude::*;
+
+/// Where the skimmer answers, its answer is serde's.
+fn agrees(data: &[u8]) -> bool {
+    let serde = summarize_serde(data);
+    match summarize(data) {
+        Ok(s) => {
+            assert_eq!(
+                Some(&s),
+                serde.as_ref(),
+                "{:?}",
+                String::from_utf8_lossy(data)
+            );
+            true
+        }
+        Err(Decline) => false,
+    }
+}
+
+fn fixture_events() -> &'static [Vec<u8>] {
+    static EVENTS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    EVENTS.get_or_init(read_fixture_events)
+}
+
+fn read_fixture_events() -> Vec<Vec<u8>> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm");
+    let mut events = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let raw = std::fs::read(entry.unwrap().path()).unwrap();
+        let text = String::from_utf8_lossy(&raw);
+        for line in text.lines() {
+            if let Some(data) = line.strip_prefix("data: ") {
+                events.push(data.as_bytes().to_vec());
+            } else if line.starts_with('{') {
+                events.push(line.as_bytes().to_vec());
+            }
+        }
+    }
+    events
+}
+
+#[test]
+fn answers_for_every_recorded_vllm_event_and_agrees() {
+    let events = fixture_events();
+    assert!(events.len() > 20, "{}", events.len());
+    let mut answered = 0;
+    for e in events {
+        if e.as_slice() == b"[DONE]" {
+            continue;
+        }
+        let error = e.windows(8).any(|w| w == b"\"error\":");
+        assert!(
+            agrees(e) || error,
+            "declined {}",
+            String::from_utf8_lossy(e)
+        );
+        answered += 1;
+    }
+    assert!(answered > 20);
+}
+
+#[test]
+fn declines_what_serde_must_decide() {
+    for data in [
+        &br#"{"choices":[],"choices":[]}"#[..],
+        br#"{"ch\u006fices":[{"text":"a"}]}"#,
+        br#"{"choices":[{"text":"\u00e9"}]}"#,
+        br#"{"usage":{"completion_tokens":1e2}}"#,
+        br#"{"usage":{"completion_tokens":-1}}"#,
+        br#"{"usage":{"completion_tokens":18446744073709551616}}"#,
+        br#"{"error":{"message":"x"}}"#,
+        br#"{"choices":[{"text":"a"}]} x"#,
+        br#"[{"choices":[]}]"#,
+        b"{\"choices\":[{\"text\":\"a\xff\"}]}",
+        br#"{"choices":[{"finish_reason":5}]}"#,
+        br#"{"a":01}"#,
+        br#"{"a":[1,]}"#,
+        br#"{"a":{"b":1,}}"#,
+    ] {
+        assert!(
+            summarize(data).is_err(),
+            "{}",
+            String::from_utf8_lossy(data)
+        );
+    }
+    let deep = format!("{{\"a\":{}{}}}", "[".repeat(70), "]".repeat(70));
+    assert!(summarize(deep.as_bytes()).is_err());
+}
+
+#[test]
+fn hand_picked_cases_agree() {
+    for data in [
+        &br#"{"choices":null,"usage":null}"#[..],
+        br#" { "choices" : [ { "delta" : { "content" : "" } } , { "text" : "x" } ] } "#,
+        br#"{"choices":[{"delta":{"content":[ ]}},{"message":{"tool_calls":[]}}]}"#,
+        br#"{"choices":[{"delta":null,"text":null,"finish_reason":null},{"finish_reason":"stop"}]}"#,
+        br#"{"choices":[{"finish_reason":"length"},{"finish_reason":"stop"}]}"#,
+        br#"{"usage":{"prompt_tokens":0,"completion_tokens":18446744073709551615,"x":[1.5,-0.0,true,false,{"y":"\n\"\\\/"}]}}"#,
+        br#"{"choices":[{"delta":{"reasoning":"r","content":null}}],"id":"\t"}"#,
+        br#"{}"#,
+    ] {
+        assert!(agrees(data), "{}", String::from_utf8_lossy(data));
+    }
+}
+
+/// JSON text of the shapes vLLM sends, with the variations serde must agree on.
+fn json_value(depth: u32) -> BoxedStrategy<String> {
+    let leaf = prop_oneof![
+        Just("null".to_string()),
+        Just("true".to_string()),
+        Just("false".to_string()),
+        Just("\"\"".to_string()),
+        Just("[]".to_string()),
+        Just("[ ]".to_string()),
+        Just("{}".to_string()),
+        (0u64..u64::MAX).prop_map(|n| n.to_string()),
+        Just("18446744073709551616".to_string()),
+        Just("-1".to_string()),
+        Just("1.25".to_string()),
+        Just("2e3".to_string()),
+        "[a-z \\\\\"\\n\\t/é]{0,8}".prop_map(|s| format!("{s:?}")),
+    ];
+    if depth == 0 {
+        return leaf.boxed();
+    }
+    prop_oneof![
+        3 => leaf,
+        1 => prop::collection::vec(json_value(depth - 1), 0..3)
+            .prop_map(|v| format!("[{}]", v.join(","))),
+        1 => prop::collection::vec((json_key(), json_value(depth - 1)), 0..4)
+            .prop_map(|v| object(&v)),
+    ]
+    .boxed()
+}
+
+fn json_key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("choices"),
+        Just("usage"),
+        Just("delta"),
+        Just("message"),
+        Just("text"),
+        Just("finish_reason"),
+        Just("content"),
+        Just("reasoning_content"),
+        Just("reasoning"),
+        Just("tool_calls"),
+        Just("prompt_tokens"),
+        Just("completion_tokens"),
+        Just("index"),
+        Just("id"),
+        Just("error"),
+    ]
+    .prop_map(str::to_string)
+}
+
+fn object(members: &[(String, String)]) -> String {
+    let body: Vec<String> = members.iter().map(|(k, v)| format!("{k:?}:{v}")).collect();
+    format!("{{{}}}", body.join(","))
+}
+
+fn event() -> impl Strategy<Value = String> {
+    let output_key = prop_oneof![
+        3 => prop_oneof![
+            Just("content"),
+            Just("reasoning_content"),
+            Just("reasoning"),
+            Just("tool_calls"),
+            Just("role"),
+        ]
+        .prop_map(str::to_string),
+        1 => json_key(),
+    ];
+    let output_value = prop_oneof![json_value(1), "[a-z ]{1,8}".prop_map(|s| format!("{s:?}"))];
+    let output = prop::collection::vec((output_key, output_value), 0..3)
+        .prop_map(|m| object(&m))
+        .boxed();
+    let text = prop_oneof![json_value(1), "[a-z ]{1,8}".prop_map(|s| format!("{s:?}"))];
+    let choice_member = prop_oneof![
+        (prop_oneof![Just("delta"), Just("message")], output).prop_map(|(k, v)| (k.to_string(), v)),
+        text.prop_map(|v| ("text".to_string(), v)),
+        prop_oneof![
+            Just("null".to_string()),
+            "[a-z_]{1,8}".prop_map(|s| format!("{s:?}"))
+        ]
+        .prop_map(|v| ("finish_reason".to_string(), v)),
+        (json_key(), json_value(1)),
+    ];
+    let choice = prop::collection::vec(choice_member, 0..5).prop_map(|m| object(&m));
+    let usage = prop::collection::vec((json_key(), json_value(0)), 0..4).prop_map(|m| object(&m));
+    let member = prop_oneof![
+        prop::collection::vec(choice, 0..3)
+            .prop_map(|c| ("choices".to_string(), format!("[{}]", c.join(",")))),
+        usage.prop_map(|u| ("usage".to_string(), u)),
+        (json_key(), json_value(2)),
+    ];
+    (prop::collection::vec(member, 0..4), "[ \n]{0,2}")
+        .prop_map(|(m, ws)| format!("{ws}{}{ws}", object(&m)))
+}
+
+#[test]
+fn generated_events_are_mostly_answered_not_declined() {
+    // Otherwise the differential property below would hold by declining everything.
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = clean_event();
+    let (mut answered, mut with_choices) = (0, 0);
+    for _ in 0..2000 {
+        let e = strategy.new_tree(&mut runner).unwrap().current();
+        if agrees(e.as_bytes()) {
+            answered += 1;
+            with_choices += (summarize(e.as_bytes()).unwrap().content_choices > 0) as u32;
+        }
+    }
+    assert!(
+        answered > 1900 && with_choices > 500,
+        "{answered} {with_choices}"
+    );
+}
+
+/// Events as vLLM writes them (each field once, no exponents), fields in any order, any
+/// whitespace between tokens: the skimmer must answer nearly all of them.
+fn clean_event() -> impl Strategy<Value = String> {
+    let ws = || "[ \n\t]{0,1}";
+    let text = || {
+        prop_oneof![
+            Just("null".to_string()),
+            Just("\"\"".to_string()),
+            "[a-z \\\"\n\t/é]{1,6}".prop_map(|s| format!("{s:?}")),
+        ]
+    };
+    let output = (
+        prop::option::of(text()),
+        prop::option::of(text()),
+        prop::option::of(prop_oneof![
+            Just("[]".to_string()),
+            Just("[{\"index\":0,\"function\":{\"arguments\":\"{}\"}}]".to_string())
+        ]),
+        any::<bool>(),
+    )
+        .prop_map(|(content, reasoning, tools, role)| {
+            let mut m = Vec::new();
+            if role {
+                m.push(("role".to_string(), "\"assistant\"".to_string()));
+            }
+            m.extend(content.map(|v| ("content".to_string(), v)));
+            m.extend(reasoning.map(|v| ("reasoning_content".to_string(), v)));
+            m.extend(tools.map(|v| ("tool_calls".to_string(), v)));
+            m
+        });
+    let choice = (
+        prop_oneof![
+            output.clone().prop_map(|o| ("delta", o)),
+            output.prop_map(|o| ("message", o))
+        ],
+        prop::option::of(text()),
+        prop::option::of(prop_oneof![
+            Just("null".to_string()),
+            Just("\"stop\"".to_string()),
+            Just("\"length\"".to_string())
+        ]),
+        0u32..3,
+    )
+        .prop_map(|((field, out), text, finish, index)| {
+            let mut m = vec![("index".to_string(), index.to_string())];
+            m.push((field.to_string(), object(&out)));
+            m.extend(text.map(|t| ("text".to_string(), t)));
+            m.extend(finish.map(|f| ("finish_reason".to_string(), f)));
+            m.push(("logprobs".to_string(), "null".to_string()));
+            m
+        });
+    let usage = (0u64..1 << 40, prop::option::of(0u64..1 << 20)).prop_map(|(p, c)| {
+        let c = c.map_or("null".to_string(), |c| c.to_string());
+        format!("{{\"prompt_tokens\":{p},\"total_tokens\":1,\"completion_tokens\":{c},\"prompt_tokens_details\":null}}")
+    });
+    (
+        prop::collection::vec(choice, 0..3),
+        prop::option::of(usage),
+        any::<prop::sample::Index>(),
+        ws(),
+    )
+        .prop_map(move |(choices, usage, at, ws)| {
+            let choices: Vec<String> = choices.iter().map(|c| object(c)).collect();
+            let mut m = vec![
+                ("id".to_string(), "\"chatcmpl-1\"".to_string()),
+                ("created".to_string(), "1795976854".to_string()),
+                ("choices".to_string(), format!("[{}]", choices.join(","))),
+                ("metrics".to_string(), "null".to_string()),
+            ];
+            m.extend(usage.map(|u| ("usage".to_string(), u)));
+            let n = m.len();
+            m.rotate_left(at.index(n));
+            object(&m)
+                .replace(',', &format!("{ws},{ws}"))
+                .replace(':', &format!(":{ws}"))
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    #[test]
+    fn agrees_with_serde_on_clean_events(e in clean_event()) {
+        prop_assert!(agrees(e.as_bytes()), "declined {e}");
+    }
+
+    #[test]
+    fn agrees_with_serde_on_generated_events(e in event()) {
+        agrees(e.as_bytes());
+    }
+
+    #[test]
+    fn agrees_with_serde_on_mutated_recorded_events(
+        pick in any::<prop::sample::Index>(),
+        at in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+        cut in any::<bool>(),
+    ) {
+        let events = fixture_events();
+        let mut e = events[pick.index(events.len())].clone();
+        let i = at.index(e.len());
+        if cut { e.truncate(i) } else { e[i] = byte }
+        agrees(&e);
+    }
+}
