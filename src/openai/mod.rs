@@ -56,21 +56,17 @@ mod skim;
 
 /// Parses `data` as a JSON object and summarizes it; `None` when it is not one.
 pub fn summarize(data: &[u8]) -> Option<Summary<'_>> {
-    // The skimmer reads vLLM's common events in about a fifth of serde's instructions and answers
-    // only where its answer is serde's; anything unusual goes to serde.
+    // The skimmer reads vLLM's common events in 60 % of serde's time (574 vs 951 ns per event)
+    // and answers only where its answer is serde's; anything unusual goes to serde.
     match skim::summarize(data) {
         Ok(s) => Some(s),
-        Err(skim::Decline) => summarize_serde(data),
+        Err(skim::Decline) => summarize_reference(data),
     }
 }
 
-/// What [`summarize`] must answer for every input: serde's reading alone (for tests and fuzzing).
+/// What [`summarize`] must answer for every input: serde with borrowed fields, unknown fields
+/// skipped (the fast path's reference, public for the fuzz target).
 pub fn summarize_reference(data: &[u8]) -> Option<Summary<'_>> {
-    summarize_serde(data)
-}
-
-/// serde with borrowed fields, unknown fields skipped.
-fn summarize_serde(data: &[u8]) -> Option<Summary<'_>> {
     let raw: RawObject<'_> = serde_json::from_slice(data).ok()?;
     let choices = raw.choices.unwrap_or_default();
     Some(Summary {

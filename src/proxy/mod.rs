@@ -331,16 +331,20 @@ fn serve_on_own_thread(
         .name(format!("tokenmeter-serve-{index}"))
         .spawn(move || {
             runtime.block_on(async move {
-                // Each thread pools its own upstream connections: a pooled connection's task
-                // lives on the runtime that opened it.
-                let state = Arc::new(ProxyState {
-                    client: upstream_client(&shared.config),
-                    config: shared.config.clone(),
-                    upstream_base: shared.upstream_base.clone(),
-                    upstream_host: shared.upstream_host.clone(),
-                    trackers: shared.trackers.clone(),
-                    stats: shared.stats.clone(),
-                });
+                // Each thread pools its own upstream connections (a pooled connection's task
+                // lives on the runtime that opened it); the first uses the template's pool.
+                let state = if index == 0 {
+                    shared
+                } else {
+                    Arc::new(ProxyState {
+                        client: upstream_client(&shared.config),
+                        config: shared.config.clone(),
+                        upstream_base: shared.upstream_base.clone(),
+                        upstream_host: shared.upstream_host.clone(),
+                        trackers: shared.trackers.clone(),
+                        stats: shared.stats.clone(),
+                    })
+                };
                 let builder = connection_builder(&state.config);
                 let graceful = hyper_util::server::graceful::GracefulShutdown::new();
                 let mut tasks = JoinSet::new();

@@ -1,13 +1,13 @@
 //! The skimmer against serde's reading: recorded vLLM events, hand-picked edge cases, generated
 //! vLLM-shaped and messy JSON, and byte-mutated recorded events.
 
-use super::super::summarize_serde;
+use super::super::summarize_reference;
 use super::*;
 use proptest::prelude::*;
 
 /// Where the skimmer answers, its answer is serde's.
 fn agrees(data: &[u8]) -> bool {
-    let serde = summarize_serde(data);
+    let serde = summarize_reference(data);
     match summarize(data) {
         Ok(s) => {
             assert_eq!(
