@@ -8,45 +8,17 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use tokenmeter::clock::NANOS_PER_SEC;
 use tokenmeter::meter::live::spawn_meter_at;
 use tokenmeter::meter::{Meter, MeterConfig, MeterHandle, SnapshotQuery};
-use tokenmeter::record::{Outcome, RequestRecord, TokensSource, UserSource};
+use tokenmeter::record::RequestRecord;
 
 const T0: u64 = 1_795_975_200 * NANOS_PER_SEC;
 
+/// A finished streamed request `id` of `user` for model `m`.
 fn record(id: u64, user: &str, start: u64, e2e_ms: f64) -> RequestRecord {
     RequestRecord {
-        kind: "request".into(),
-        schema: 1,
-        ts: String::new(),
-        ts_ns: start,
         request_id: format!("tm-1-{id:x}"),
-        user: user.into(),
-        user_source: UserSource::Header,
         model: Some("m".into()),
-        method: "POST".into(),
-        path: "/v1/chat/completions".into(),
-        status: Some(200),
-        stream: Some(true),
-        outcome: Outcome::Ok,
         prompt_tokens: Some(100),
-        completion_tokens: Some(200),
-        tokens_source: TokensSource::Usage,
-        n: None,
-        first_byte_ms: Some(150.0),
-        ttft_ms: Some(150.0),
-        e2e_ms: Some(e2e_ms),
-        tpot_ms: Some(20.0),
-        itl_max_ms: None,
-        tok_s: Some(200.0 / (e2e_ms / 1e3)),
-        decode_tok_s: None,
-        in_flight_at_start: 1,
-        cold_start: false,
-        finish_reason: None,
-        bytes_in: 0,
-        bytes_out: 0,
-        error: None,
-        server_queue_ms: None,
-        server_ttft_ms: None,
-        server_mean_itl_ms: None,
+        ..tokenmeter::analyze::synth::record(start, e2e_ms, Some(150.0), 200, true, user)
     }
 }
 

@@ -1,8 +1,8 @@
 //! Builders shared by the meter tests.
 #![allow(dead_code)]
 
-use tokenmeter::clock::{format_rfc3339_micros, UnixNanos, NANOS_PER_SEC};
-use tokenmeter::record::{DerivedRates, Outcome, RequestRecord, TokensSource, UserSource};
+use tokenmeter::clock::{UnixNanos, NANOS_PER_SEC};
+use tokenmeter::record::{DerivedRates, RequestRecord};
 
 /// A fixed base time: 2026-11-29T18:00:00Z, on a second boundary.
 pub const T0: UnixNanos = 1_795_975_200 * NANOS_PER_SEC;
@@ -12,7 +12,8 @@ pub fn at(s: f64) -> UnixNanos {
     T0 + (s * 1e9).round() as u64
 }
 
-/// A successful generation record; rates derived from the given figures.
+/// A successful generation record of user `alice`; rates derived from the given figures (the
+/// analyze fixtures' record with the counts given here).
 pub fn record(
     start: UnixNanos,
     e2e_ms: f64,
@@ -21,41 +22,18 @@ pub fn record(
     prompt: Option<u64>,
     stream: bool,
 ) -> RequestRecord {
+    let base = tokenmeter::analyze::synth::record(start, e2e_ms, ttft_ms, 0, stream, "alice");
     let rates = DerivedRates::compute(ttft_ms, Some(e2e_ms), completion);
     RequestRecord {
-        kind: "request".into(),
-        schema: 1,
-        ts: format_rfc3339_micros(start),
-        ts_ns: start,
         request_id: "r".into(),
-        user: "alice".into(),
-        user_source: UserSource::Header,
-        model: Some("tiny-llama".into()),
-        method: "POST".into(),
-        path: "/v1/chat/completions".into(),
-        status: Some(200),
-        stream: Some(stream),
-        outcome: Outcome::Ok,
         prompt_tokens: prompt,
         completion_tokens: completion,
-        tokens_source: TokensSource::Usage,
-        n: None,
-        first_byte_ms: ttft_ms,
-        ttft_ms,
-        e2e_ms: Some(e2e_ms),
         tpot_ms: rates.tpot_ms,
-        itl_max_ms: None,
         tok_s: rates.tok_s,
         decode_tok_s: rates.decode_tok_s,
-        in_flight_at_start: 1,
-        cold_start: false,
-        finish_reason: Some("length".into()),
         bytes_in: 100,
         bytes_out: 1000,
-        error: None,
-        server_queue_ms: None,
-        server_ttft_ms: None,
-        server_mean_itl_ms: None,
+        ..base
     }
 }
 
