@@ -58,6 +58,7 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     );
     println!();
     println!("  OpenAI base URL : {base}/v1");
+    println!("  dashboard       : {}", proxy.dashboard_url());
     println!("  live stats      : {base}/stats   (Prometheus: {base}/stats/metrics)");
     println!("  try             : curl -sN {base}/v1/chat/completions -H 'content-type: application/json' \\");
     println!("                      -H 'x-tokenmeter-user: me' -d '{{\"model\":\"sim-model\",\"stream\":true,\"max_tokens\":20,\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'");

@@ -206,6 +206,8 @@ async fn bearer_token_is_required_when_configured() {
 async fn metrics_endpoint_serves_prometheus_text() {
     let log = Arc::new(AccessLogCounters::default());
     log.dropped.store(3, Ordering::Relaxed);
+    log.written.store(5, Ordering::Relaxed);
+    log.failed.store(1, Ordering::Relaxed);
     let addr = serve(busy_meter(), None, log).await;
     let (status, head, body) = get(addr, "/stats/metrics", None).await;
     assert_eq!(status, 200);
@@ -213,8 +215,51 @@ async fn metrics_endpoint_serves_prometheus_text() {
         .to_ascii_lowercase()
         .contains("content-type: text/plain; version=0.0.4"));
     assert!(body.contains("tokenmeter_access_log_dropped_total 3\n"));
+    assert!(body.contains("tokenmeter_access_log_written_total 5\n"));
+    assert!(body.contains("tokenmeter_access_log_failed_total 1\n"));
     assert!(body.contains("tokenmeter_requests_in_flight 1\n"));
-    assert!(body.contains("tokenmeter_requests_total{model=\"tiny-llama\",outcome=\"ok\"} 2\n"));
+    assert!(body.contains(
+        "tokenmeter_requests_total{model=\"tiny-llama\",outcome=\"ok\",status=\"2xx\"} 2\n"
+    ));
+    assert!(body.contains(&format!(
+        "tokenmeter_build_info{{version=\"{}\"}} 1\n",
+        env!("CARGO_PKG_VERSION")
+    )));
+    // Scraping is off in this context: no scrape counters rather than zeros.
+    assert!(!body.contains("tokenmeter_upstream_scrape"));
+    #[cfg(target_os = "linux")]
+    for name in [
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+    ] {
+        let v: f64 = body
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("{name} missing"))
+            .parse()
+            .unwrap();
+        assert!(v > 0.0, "{name}{v}");
+    }
+}
+
+#[tokio::test]
+async fn the_dashboard_page_is_self_contained() {
+    let addr = serve(busy_meter(), Some("s3cret"), Arc::default()).await;
+    // The page holds no data, so it needs no token; its script sends the token to /stats.
+    let (status, head, body) = get(addr, "/stats/ui", None).await;
+    assert_eq!(status, 200);
+    assert!(head.to_ascii_lowercase().contains("content-type: text/html"));
+    assert!(head.to_ascii_lowercase().contains("content-security-policy: default-src 'none'"));
+    assert!(body.starts_with("<!doctype html>"), "{}", &body[..40]);
+    assert!(body.contains("<script>") && body.contains("</html>"));
+    // Nothing loaded from anywhere: no URL with a scheme, no external script, style or image.
+    for needle in ["http://", "https://", "src=\"", "<link", "@import", "url("] {
+        let allowed = needle == "http://" && body.contains("http://www.w3.org/2000/svg");
+        if !allowed {
+            assert!(!body.contains(needle), "the page references {needle}");
+        }
+    }
 }
 
 #[test]

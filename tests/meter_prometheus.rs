@@ -1,4 +1,5 @@
-//! Prometheus exposition: well-formed lines, monotonic counters, cumulative histograms.
+//! Prometheus exposition: well-formed lines, monotonic counters, cumulative histograms, live
+//! token counters settled to usage, bounded labels.
 
 mod meter_support;
 
@@ -61,6 +62,9 @@ fn finish(m: &mut Meter, id: u64, t: f64, model: &str, user: &str, outcome: Outc
     r.model = Some(model.into());
     r.user = user.into();
     r.outcome = outcome;
+    if outcome == Outcome::UpstreamError {
+        r.status = Some(503);
+    }
     m.request_finished(at(t) + (e2e_ms * 1e6) as u64, &r);
 }
 
@@ -105,11 +109,11 @@ fn exposition_parses_counters_grow_and_histograms_are_cumulative() {
     finish(&mut m, 3, 3.0, "qwen \"7b\"", "a", Outcome::Ok, 700_000.0);
     let first = parse(&m.prometheus(at(800.0)));
     assert_eq!(
-        first["tokenmeter_requests_total{model=\"llama\",outcome=\"ok\"}"],
+        first["tokenmeter_requests_total{model=\"llama\",outcome=\"ok\",status=\"2xx\"}"],
         1.0
     );
     assert_eq!(
-        first["tokenmeter_requests_total{model=\"llama\",outcome=\"upstream_error\"}"],
+        first["tokenmeter_requests_total{model=\"llama\",outcome=\"upstream_error\",status=\"5xx\"}"],
         1.0
     );
     assert_eq!(
@@ -139,6 +143,7 @@ fn exposition_parses_counters_grow_and_histograms_are_cumulative() {
         "tokenmeter_time_to_first_token_seconds",
         "tokenmeter_time_per_output_token_seconds",
         "tokenmeter_e2e_request_latency_seconds",
+        "tokenmeter_first_byte_seconds",
     ] {
         check_histograms(&first, name, "llama");
     }
@@ -159,7 +164,7 @@ fn exposition_parses_counters_grow_and_histograms_are_cumulative() {
         }
     }
     assert_eq!(
-        second["tokenmeter_requests_total{model=\"llama\",outcome=\"ok\"}"],
+        second["tokenmeter_requests_total{model=\"llama\",outcome=\"ok\",status=\"2xx\"}"],
         2.0
     );
     assert_eq!(second["tokenmeter_requests_in_flight"], 1.0);
@@ -195,10 +200,130 @@ fn user_label_is_opt_in_and_capped() {
         .collect();
     assert_eq!(users.into_iter().collect::<Vec<_>>(), ["a", "b", "other"]);
     assert_eq!(
-        s["tokenmeter_requests_total{model=\"llama\",user=\"other\",outcome=\"ok\"}"],
+        s["tokenmeter_requests_total{model=\"llama\",user=\"other\",outcome=\"ok\",status=\"2xx\"}"],
         2.0
     );
     assert!(!s
         .keys()
         .any(|k| k.contains("_bucket") && k.contains("user=")));
+}
+
+#[test]
+fn generation_tokens_advance_while_streaming_and_settle_to_usage() {
+    let mut m = Meter::new(MeterConfig::default(), T0);
+    m.request_started(at(1.0), 7, "a", Some("llama"));
+    let gen = |m: &mut Meter, t: f64| {
+        let s = parse(&m.prometheus(at(t)));
+        (
+            s["tokenmeter_generation_tokens_total{model=\"llama\"}"],
+            s["tokenmeter_completion_tokens_total{model=\"llama\"}"],
+        )
+    };
+    for i in 0..30 {
+        m.tokens(at(1.5 + i as f64 * 0.1), 7, 1);
+    }
+    // Live: all 30 streamed tokens, while the finish-time counter still shows nothing.
+    assert_eq!(gen(&mut m, 4.5), (30.0, 0.0));
+    m.prompt_tokens(7, 9);
+    let mut r = record(at(1.0), 4000.0, Some(400.0), Some(33), Some(9), true);
+    r.request_id = "tm-1-7".into();
+    r.model = Some("llama".into());
+    m.request_finished(at(5.0), &r);
+    // Usage said 33: the 3 events that carried no count are added at the end.
+    assert_eq!(gen(&mut m, 6.0), (33.0, 33.0));
+    let s = parse(&m.prometheus(at(6.0)));
+    assert_eq!(s["tokenmeter_prompt_tokens_total{model=\"llama\"}"], 9.0);
+
+    // A request whose usage is below what streamed: the counter cannot go down; the next
+    // increments pay the difference, and the total meets the exact sum again.
+    m.request_started(at(7.0), 8, "a", Some("llama"));
+    m.tokens(at(7.5), 8, 10);
+    let mut r = record(at(7.0), 1000.0, Some(100.0), Some(6), Some(1), true);
+    r.request_id = "tm-1-8".into();
+    r.model = Some("llama".into());
+    m.request_finished(at(8.0), &r);
+    assert_eq!(gen(&mut m, 8.5), (43.0, 39.0));
+    m.request_started(at(9.0), 9, "a", Some("llama"));
+    m.tokens(at(9.5), 9, 3);
+    assert_eq!(gen(&mut m, 9.6).0, 43.0, "the debt of 4 absorbs these 3");
+    m.tokens(at(9.7), 9, 5);
+    assert_eq!(gen(&mut m, 9.8).0, 47.0, "4 of the 5 pay the rest of the debt");
+    let mut r = record(at(9.0), 1000.0, Some(100.0), Some(8), Some(1), true);
+    r.request_id = "tm-1-9".into();
+    r.model = Some("llama".into());
+    m.request_finished(at(10.0), &r);
+    assert_eq!(gen(&mut m, 11.0), (47.0, 47.0), "exact again: 33 + 6 + 8");
+}
+
+#[test]
+fn models_are_capped_at_100_and_status_classes_are_bounded() {
+    let mut m = Meter::new(MeterConfig::default(), T0);
+    for i in 0..130u64 {
+        let model = format!("model-{i:03}");
+        finish(&mut m, i + 1, 1.0 + i as f64 * 0.01, &model, "a", Outcome::Ok, 100.0);
+    }
+    let mut r = record(at(3.0), 10.0, None, None, None, true);
+    r.request_id = "tm-1-ffff".into();
+    r.outcome = Outcome::ClientAborted;
+    r.status = None;
+    m.request_finished(at(3.1), &r);
+    let mut r = record(at(3.0), 10.0, None, None, None, true);
+    r.request_id = "tm-1-fffe".into();
+    r.outcome = Outcome::UpstreamError;
+    r.status = Some(429);
+    m.request_finished(at(3.1), &r);
+    let s = parse(&m.prometheus(at(10.0)));
+    let models: std::collections::BTreeSet<String> = s
+        .keys()
+        .filter(|k| k.starts_with("tokenmeter_generation_tokens_total{"))
+        .map(|k| k.split('"').nth(1).unwrap().to_string())
+        .collect();
+    assert_eq!(models.len(), 101, "100 names and other");
+    assert!(models.contains("other") && models.contains("model-099"));
+    assert!(!models.contains("model-100"));
+    // 30 models folded: 30 requests of 20 tokens, plus the two records of tiny-llama (its own
+    // name did not fit either).
+    assert_eq!(
+        s["tokenmeter_generation_tokens_total{model=\"other\"}"],
+        600.0
+    );
+    let statuses: std::collections::BTreeSet<&str> = s
+        .keys()
+        .filter_map(|k| k.split("status=\"").nth(1))
+        .map(|v| v.split('"').next().unwrap())
+        .collect();
+    assert_eq!(statuses.into_iter().collect::<Vec<_>>(), ["2xx", "4xx", "none"]);
+    assert_eq!(
+        s["tokenmeter_requests_total{model=\"other\",outcome=\"client_aborted\",status=\"none\"}"],
+        1.0
+    );
+    assert_eq!(
+        s["tokenmeter_requests_total{model=\"other\",outcome=\"upstream_error\",status=\"4xx\"}"],
+        1.0
+    );
+    let hist_models = s
+        .keys()
+        .filter(|k| k.starts_with("tokenmeter_e2e_request_latency_seconds_count"))
+        .count();
+    assert_eq!(hist_models, 101);
+}
+
+#[test]
+fn tpot_buckets_resolve_fast_decoders() {
+    let mut m = Meter::new(MeterConfig::default(), T0);
+    // 2.5 ms and 6.5 ms per token: two different buckets below vLLM's 10 ms floor.
+    for (id, tpot_ms) in [(1u64, 2.5), (2, 6.5)] {
+        m.request_started(at(1.0), id, "a", Some("llama"));
+        let mut r = record(at(1.0), 100.0 + tpot_ms * 100.0, Some(100.0), Some(101), Some(5), true);
+        r.request_id = format!("tm-1-{id:x}");
+        r.model = Some("llama".into());
+        m.request_finished(at(2.0), &r);
+    }
+    let s = parse(&m.prometheus(at(3.0)));
+    let b = |le: &str| {
+        s[&format!(
+            "tokenmeter_time_per_output_token_seconds_bucket{{model=\"llama\",le=\"{le}\"}}"
+        )]
+    };
+    assert_eq!((b("0.002"), b("0.003"), b("0.006"), b("0.0075")), (0.0, 1.0, 1.0, 2.0));
 }

@@ -86,6 +86,17 @@ async fn stats_token_and_admin_listener() {
             .status,
         200
     );
+    // On admin_listen: the dashboard at / and tokenmeter's metrics at /metrics.
+    let page = raw_request(admin, b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await;
+    assert_eq!(page.status, 200);
+    assert!(String::from_utf8_lossy(&page.body).contains("tokenmeter"));
+    let metrics = raw_request(
+        admin,
+        b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\nauthorization: Bearer s3cret\r\n\r\n",
+    )
+    .await;
+    assert_eq!(metrics.status, 200);
+    assert!(String::from_utf8_lossy(&metrics.body).contains("tokenmeter_requests_in_flight 0"));
     // On the main listener /stats now belongs to the upstream.
     let passed = raw_request(proxy.addr, &get("")).await;
     assert_eq!(passed.body, fx.body);

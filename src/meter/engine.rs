@@ -10,7 +10,7 @@ use crate::scrape::{ServerSample, ServerTrack};
 
 use super::capacity::{CapacityAccumulator, RequestLevel};
 use super::config::{MeterConfig, MAX_HORIZON_S};
-use super::prometheus::PromState;
+use super::prometheus::{PromState, Slot};
 use super::scope::Scope;
 use super::timeline::{mean_level, second_of};
 
@@ -28,6 +28,10 @@ struct OpenRequest {
     model: Arc<str>,
     attributed: f64,
     area_start: u128,
+    /// Its counters' place in the Prometheus state.
+    prom_slot: Slot,
+    /// Prompt tokens already counted live (from a streamed usage).
+    prompt_live: u64,
 }
 
 /// The live accounting of generation requests: aggregate, per-user and per-model seconds,
@@ -218,6 +222,8 @@ impl Meter {
         }
         self.tick(now);
         let floor = self.floor(second_of(now));
+        let model_name = model;
+        let user_name = user;
         let user = self.user_key(now, user);
         let model = self.model_key(now, model);
         self.aggregate.start(now, floor);
@@ -228,6 +234,7 @@ impl Meter {
             s.start(now, floor);
         }
         let area_start = self.aggregate.in_flight.area_ns();
+        let prom_slot = self.prom.slot(model_name, user_name);
         self.open.insert(
             id,
             OpenRequest {
@@ -236,6 +243,8 @@ impl Meter {
                 model,
                 attributed: 0.0,
                 area_start,
+                prom_slot,
+                prompt_live: 0,
             },
         );
     }
@@ -249,12 +258,24 @@ impl Meter {
         };
         let d = delta as f64;
         o.attributed += d;
+        self.prom.generated(o.prom_slot, delta);
         self.aggregate.tokens(now, d, floor);
         if let Some(s) = self.users.get_mut(&o.user) {
             s.tokens(now, d, floor);
         }
         if let Some(s) = self.models.get_mut(&o.model) {
             s.tokens(now, d, floor);
+        }
+    }
+
+    /// Open request `id` reported its prompt size, `prompt_tokens`, before its end (a streamed
+    /// usage); only the first report counts, the final usage settles the rest.
+    pub fn prompt_tokens(&mut self, id: u64, prompt_tokens: u64) {
+        if let Some(o) = self.open.get_mut(&id) {
+            if o.prompt_live == 0 {
+                o.prompt_live = prompt_tokens;
+                self.prom.prompt_seen(o.prom_slot, prompt_tokens);
+            }
         }
     }
 
@@ -308,6 +329,12 @@ impl Meter {
             in_flight_at_start: record.in_flight_at_start,
             cold_start: record.cold_start,
         });
-        self.prom.add_record(record);
+        let (slot, live_prompt) = match &open {
+            Some(o) => (o.prom_slot, o.prompt_live),
+            None => (self.prom.slot(record.model.as_deref(), &record.user), 0),
+        };
+        // Tokens are attributed as whole events, so `attributed` is a whole number.
+        self.prom
+            .add_record(slot, record, attributed.round() as u64, live_prompt);
     }
 }

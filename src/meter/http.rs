@@ -1,4 +1,6 @@
-//! `GET /stats` (JSON) and `GET /stats/metrics` (Prometheus text), optionally behind a bearer token.
+//! `GET /stats` (JSON), `GET /stats/metrics` (Prometheus text) and `GET /stats/ui` (the live
+//! dashboard page), optionally behind a bearer token; on `admin_listen` also `/` (the page) and
+//! `/metrics` (where scrape configs look by default).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -14,8 +16,9 @@ use crate::access_log::AccessLogCounters;
 use crate::clock::{Clock, UnixNanos, NANOS_PER_SEC};
 
 use super::live::MeterHandle;
-use super::prometheus::render_access_log;
-use super::snapshot::{SnapshotError, SnapshotQuery};
+use super::process::ProcessStats;
+use super::prometheus::{render_self, SelfMetrics};
+use super::snapshot::{AccessLogView, SnapshotError, SnapshotQuery};
 
 /// What the stats endpoints need besides the meter.
 #[derive(Debug, Clone)]
@@ -41,21 +44,41 @@ struct AppState {
     token_digest: Option<[u8; 32]>,
 }
 
-/// The router serving `/stats` and `/stats/metrics`.
+impl AppState {
+    fn new(handle: MeterHandle, ctx: StatsContext) -> Self {
+        let token_digest = ctx
+            .bearer_token
+            .as_deref()
+            .map(|t| Sha256::digest(t.as_bytes()).into());
+        AppState {
+            handle,
+            ctx,
+            token_digest,
+        }
+    }
+}
+
+/// The router serving `/stats`, `/stats/metrics` and `/stats/ui` (on the main listener, where
+/// every other path belongs to vLLM).
 pub fn stats_router(handle: MeterHandle, ctx: StatsContext) -> Router {
-    let token_digest = ctx
-        .bearer_token
-        .as_deref()
-        .map(|t| Sha256::digest(t.as_bytes()).into());
-    let state = Arc::new(AppState {
-        handle,
-        ctx,
-        token_digest,
-    });
+    stats_routes().with_state(Arc::new(AppState::new(handle, ctx)))
+}
+
+/// The stats routes plus `/` (the dashboard) and `/metrics`, for `admin_listen`, where no path
+/// belongs to vLLM.
+pub fn admin_router(handle: MeterHandle, ctx: StatsContext) -> Router {
+    stats_routes()
+        .route("/", get(super::ui::page))
+        .route("/metrics", get(metrics))
+        .with_state(Arc::new(AppState::new(handle, ctx)))
+}
+
+fn stats_routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/stats", get(stats))
         .route("/stats/metrics", get(metrics))
-        .with_state(state)
+        .route("/stats/ui", get(super::ui::page))
+        .route("/stats/timeline", get(timeline))
 }
 
 /// An OpenAI-shaped error response.
@@ -170,9 +193,20 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
         return unauthorized();
     }
     let mut text = state.handle.prometheus(Clock::global().now()).await;
-    render_access_log(
+    let ctx = &state.ctx;
+    let started_s = ctx.started as f64 / NANOS_PER_SEC as f64;
+    render_self(
         &mut text,
-        state.ctx.access_log.dropped.load(Ordering::Relaxed),
+        &SelfMetrics {
+            access_log: AccessLogView::read(&ctx.access_log),
+            scrapes: ctx.scrape.as_ref().map(|(_, c)| {
+                (
+                    c.ok.load(Ordering::Relaxed),
+                    c.errors.load(Ordering::Relaxed),
+                )
+            }),
+            process: ProcessStats::read(started_s),
+        },
     );
     (
         [(
@@ -182,4 +216,48 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
         text,
     )
         .into_response()
+}
+
+/// `GET /stats/timeline?seconds=N` (default 300): the aggregate's last complete seconds.
+async fn timeline(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: Uri) -> Response {
+    if !authorized(&state, &headers) {
+        return unauthorized();
+    }
+    let bad = |msg: String, param: Option<&str>| {
+        error(
+            StatusCode::BAD_REQUEST,
+            &msg,
+            "invalid_request_error",
+            param,
+            None,
+        )
+    };
+    let pairs = match Query::<Vec<(String, String)>>::try_from_uri(&uri) {
+        Ok(Query(p)) => p,
+        Err(e) => return bad(format!("malformed query string: {e}"), None),
+    };
+    let mut seconds = 300;
+    for (k, v) in pairs {
+        match (k.as_str(), v.parse::<u64>()) {
+            ("seconds", Ok(n)) if (1..=super::config::MAX_HORIZON_S).contains(&n) => seconds = n,
+            ("seconds", _) => {
+                let msg = format!(
+                    "seconds must be 1..={}, got {v:?}",
+                    super::config::MAX_HORIZON_S
+                );
+                return bad(msg, Some("seconds"));
+            }
+            _ => return bad(format!("unknown query parameter {k:?}; expected seconds"), Some(&k)),
+        }
+    }
+    match state.handle.timeline(Clock::global().now(), seconds).await {
+        Ok(t) => Json(t).into_response(),
+        Err(e) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &e.to_string(),
+            "server_error",
+            None,
+            None,
+        ),
+    }
 }

@@ -15,6 +15,7 @@ use crate::scrape::ServerSample;
 
 use super::config::MeterConfig;
 use super::engine::Meter;
+use super::series::Timeline;
 use super::snapshot::{AccessLogView, SnapshotError, SnapshotQuery, StatsSnapshot};
 
 enum Event {
@@ -29,6 +30,10 @@ enum Event {
         id: u64,
         delta: u64,
     },
+    Prompt {
+        id: u64,
+        prompt_tokens: u64,
+    },
     Finish {
         now: UnixNanos,
         record: Arc<RequestRecord>,
@@ -38,6 +43,11 @@ enum Event {
     Prometheus {
         now: UnixNanos,
         reply: oneshot::Sender<String>,
+    },
+    Timeline {
+        now: UnixNanos,
+        seconds: u64,
+        reply: oneshot::Sender<Timeline>,
     },
     ServerEnable {
         threshold_pct: f64,
@@ -115,12 +125,20 @@ pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
                 model,
             } => meter.request_started(now, id, &user, model.as_deref()),
             Event::Tokens { now, id, delta } => meter.tokens(now, id, delta),
+            Event::Prompt { id, prompt_tokens } => meter.prompt_tokens(id, prompt_tokens),
             Event::Finish { now, record } => meter.request_finished(now, &record),
             Event::Snapshot(req) => {
                 let _ = req.reply.send(meter.snapshot(req.now, &req.query));
             }
             Event::Prometheus { now, reply } => {
                 let _ = reply.send(meter.prometheus(now));
+            }
+            Event::Timeline {
+                now,
+                seconds,
+                reply,
+            } => {
+                let _ = reply.send(meter.timeline(now, seconds));
             }
             Event::ServerEnable { threshold_pct } => meter.enable_server(threshold_pct),
             Event::ServerSample(s) => meter.server_sample(*s),
@@ -159,6 +177,11 @@ impl MeterHandle {
     /// `delta` completion tokens of request `id` passed the proxy at `now`.
     pub fn tokens(&self, id: u64, now: UnixNanos, delta: u64) {
         let _ = self.tx.send(Event::Tokens { now, id, delta });
+    }
+
+    /// Request `id` reported its prompt size before its end (a streamed usage).
+    pub fn prompt_tokens(&self, id: u64, prompt_tokens: u64) {
+        let _ = self.tx.send(Event::Prompt { id, prompt_tokens });
     }
 
     /// A request finished at `now`; `was_started` says whether [`MeterHandle::started`] was called
@@ -230,6 +253,18 @@ impl MeterHandle {
             return String::new();
         }
         rx.await.unwrap_or_default()
+    }
+
+    /// The aggregate's last `seconds` complete seconds at `now`.
+    pub async fn timeline(&self, now: UnixNanos, seconds: u64) -> Result<Timeline, SnapshotError> {
+        let (reply, rx) = oneshot::channel();
+        self.send_now(Event::Timeline {
+            now,
+            seconds,
+            reply,
+        })
+        .map_err(|_| SnapshotError::Stopped)?;
+        rx.await.map_err(|_| SnapshotError::Stopped)
     }
 }
 

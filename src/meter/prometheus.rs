@@ -17,6 +17,8 @@ use std::sync::Arc;
 
 use crate::record::{Outcome, RequestRecord};
 
+use super::snapshot::AccessLogView;
+
 use super::engine::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
 
 /// TTFT bucket upper bounds, seconds.
@@ -24,16 +26,37 @@ pub const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 ];
-/// TPOT bucket upper bounds, seconds.
+/// First-byte bucket upper bounds, seconds: the TTFT bounds (the first byte usually comes with
+/// the response headers, long before the first token, so the low end matters as much).
+pub const FIRST_BYTE_BUCKETS: &[f64] = TTFT_BUCKETS;
+/// TPOT bucket upper bounds, seconds. Below vLLM's 10 ms floor the bounds go down to 1 ms: a fast
+/// decoder at low concurrency spends 3 to 8 ms per token, and one bucket for all of it said nothing.
 pub const TPOT_BUCKETS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0, 160.0, 640.0,
+    0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04,
+    0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0,
 ];
 /// End-to-end latency bucket upper bounds, seconds.
 pub const E2E_BUCKETS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
 ];
+
+/// Values of the `status` label: the class of the status sent to the client, `none` when none
+/// was sent (the client left first, or the proxy failed before an answer).
+pub const STATUS_CLASSES: [&str; 5] = ["2xx", "3xx", "4xx", "5xx", "none"];
+
+/// Index into [`STATUS_CLASSES`] of a status.
+pub fn status_class(status: Option<u16>) -> usize {
+    match status {
+        Some(200..=299) => 0,
+        Some(300..=399) => 1,
+        Some(400..=499) => 2,
+        Some(500..=599) => 3,
+        // 1xx or out-of-range codes are not final answers the client acted on.
+        _ => 4,
+    }
+}
 
 /// A cumulative-on-render histogram with fixed bounds.
 #[derive(Debug, Clone)]
@@ -64,11 +87,44 @@ impl FixedHist {
     }
 }
 
+/// A counter fed live (from streamed events) and corrected to the exact total at the end of
+/// each request. A correction downwards cannot be shown (a counter never decreases), so it is
+/// held as `debt` and paid from the next increments: the counter then briefly runs ahead of
+/// the exact total, never behind the live count, and meets the exact total again.
+#[derive(Debug, Clone, Copy, Default)]
+struct LiveCounter {
+    value: u64,
+    debt: u64,
+}
+
+impl LiveCounter {
+    fn add(&mut self, n: u64) {
+        let paid = n.min(self.debt);
+        self.debt -= paid;
+        self.value += n - paid;
+    }
+
+    /// The request whose live increments summed to `live` ended with the exact count `exact`.
+    fn settle(&mut self, live: u64, exact: u64) {
+        if exact >= live {
+            self.add(exact - live);
+        } else {
+            self.debt += live - exact;
+        }
+    }
+}
+
+/// The counters of one `(model, user)` label set.
 #[derive(Debug, Clone, Default)]
 struct Counters {
-    outcomes: [u64; 6],
-    prompt: u64,
-    completion: u64,
+    /// Finished requests by outcome and status class.
+    outcomes: [[u64; 5]; 6],
+    /// Prompt tokens: at the first streamed usage that carries them, else at the end.
+    prompt: LiveCounter,
+    /// Generated tokens, as they stream.
+    generation: LiveCounter,
+    /// Completion tokens counted when requests finish (the exposition before live counting).
+    completion_at_finish: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -76,16 +132,23 @@ struct Hists {
     ttft: FixedHist,
     tpot: FixedHist,
     e2e: FixedHist,
+    first_byte: FixedHist,
 }
 
-/// The counters and histograms behind `/stats/metrics`.
+/// A label set's place in [`PromState`]: open requests keep it so a streamed event costs one
+/// indexed add, no string hashing.
+pub type Slot = usize;
+
+/// The counters and histograms behind the meter's Prometheus exposition.
 #[derive(Debug)]
 pub struct PromState {
     user_label: bool,
     max_users: usize,
     models: HashSet<Arc<str>>,
     users: HashSet<Arc<str>>,
-    counters: HashMap<(Arc<str>, Option<Arc<str>>), Counters>,
+    slots: HashMap<(Arc<str>, Option<Arc<str>>), Slot>,
+    keys: Vec<(Arc<str>, Option<Arc<str>>)>,
+    counters: Vec<Counters>,
     hists: HashMap<Arc<str>, Hists>,
 }
 
@@ -93,6 +156,12 @@ fn bounded(set: &mut HashSet<Arc<str>>, name: &str, cap: usize) -> Arc<str> {
     if let Some(k) = set.get(name) {
         return k.clone();
     }
+    if set.len() >= cap {
+        if let Some(k) = set.get(OTHER) {
+            return k.clone();
+        }
+    }
+    // `other` itself takes a place only once the cap is reached (or when a user is so named).
     let key: Arc<str> = Arc::from(if set.len() < cap { name } else { OTHER });
     set.insert(key.clone());
     key
@@ -106,87 +175,151 @@ impl PromState {
             max_users,
             models: HashSet::new(),
             users: HashSet::new(),
-            counters: HashMap::new(),
+            slots: HashMap::new(),
+            keys: Vec::new(),
+            counters: Vec::new(),
             hists: HashMap::new(),
         }
     }
 
-    /// Counts a finished generation request.
-    pub fn add_record(&mut self, r: &RequestRecord) {
+    /// The counters' place for requests of `user` for `model` (created on first use, names
+    /// beyond the caps folded into `"other"`).
+    pub fn slot(&mut self, model: Option<&str>, user: &str) -> Slot {
         let model = bounded(
             &mut self.models,
-            r.model.as_deref().unwrap_or(UNKNOWN_MODEL),
+            model.unwrap_or(UNKNOWN_MODEL),
             MAX_TRACKED_MODELS,
         );
         let user = self
             .user_label
-            .then(|| bounded(&mut self.users, &r.user, self.max_users));
-        let c = self.counters.entry((model.clone(), user)).or_default();
-        if let Some(i) = Outcome::ALL.iter().position(|o| *o == r.outcome) {
-            c.outcomes[i] += 1;
+            .then(|| bounded(&mut self.users, user, self.max_users));
+        let key = (model, user);
+        if let Some(s) = self.slots.get(&key) {
+            return *s;
         }
-        c.prompt += r.prompt_tokens.unwrap_or(0);
-        c.completion += r.completion_tokens.unwrap_or(0);
+        let s = self.counters.len();
+        self.counters.push(Counters::default());
+        self.keys.push(key.clone());
+        self.slots.insert(key, s);
+        s
+    }
+
+    /// `n` completion tokens of an open request in `slot` streamed past the proxy.
+    #[inline]
+    pub fn generated(&mut self, slot: Slot, n: u64) {
+        if let Some(c) = self.counters.get_mut(slot) {
+            c.generation.add(n);
+        }
+    }
+
+    /// An open request in `slot` reported its prompt size before its end.
+    pub fn prompt_seen(&mut self, slot: Slot, n: u64) {
+        if let Some(c) = self.counters.get_mut(slot) {
+            c.prompt.add(n);
+        }
+    }
+
+    /// Counts a finished generation request of `slot`, whose streamed events already added
+    /// `live_completion` generated and `live_prompt` prompt tokens: the counters are settled to
+    /// the record's counts (usage, else the tokens counted).
+    pub fn add_record(
+        &mut self,
+        slot: Slot,
+        r: &RequestRecord,
+        live_completion: u64,
+        live_prompt: u64,
+    ) {
+        let Some(c) = self.counters.get_mut(slot) else {
+            return;
+        };
+        if let Some(i) = Outcome::ALL.iter().position(|o| *o == r.outcome) {
+            c.outcomes[i][status_class(r.status)] += 1;
+        }
+        let completion = r.completion_tokens.unwrap_or(0);
+        c.generation.settle(live_completion, completion);
+        c.prompt
+            .settle(live_prompt, r.prompt_tokens.unwrap_or(live_prompt));
+        c.completion_at_finish += completion;
+        let model = self.keys[slot].0.clone();
         let h = self.hists.entry(model).or_insert_with(|| Hists {
             ttft: FixedHist::new(TTFT_BUCKETS),
             tpot: FixedHist::new(TPOT_BUCKETS),
             e2e: FixedHist::new(E2E_BUCKETS),
+            first_byte: FixedHist::new(FIRST_BYTE_BUCKETS),
         });
         let secs = |ms: Option<f64>| ms.map(|v| v / 1e3);
-        if let Some(v) = secs(r.ttft_ms) {
-            h.ttft.observe(TTFT_BUCKETS, v);
-        }
-        if let Some(v) = secs(r.tpot_ms) {
-            h.tpot.observe(TPOT_BUCKETS, v);
-        }
-        if let Some(v) = secs(r.e2e_ms) {
-            h.e2e.observe(E2E_BUCKETS, v);
+        for (hist, bounds, v) in [
+            (&mut h.ttft, TTFT_BUCKETS, r.ttft_ms),
+            (&mut h.tpot, TPOT_BUCKETS, r.tpot_ms),
+            (&mut h.e2e, E2E_BUCKETS, r.e2e_ms),
+            (&mut h.first_byte, FIRST_BYTE_BUCKETS, r.first_byte_ms),
+        ] {
+            if let Some(v) = secs(v) {
+                hist.observe(bounds, v);
+            }
         }
     }
 
     /// The exposition text; `in_flight` is the current gauge value.
     pub fn render(&self, in_flight: u32) -> String {
         let mut out = String::with_capacity(4096);
-        let mut keys: Vec<_> = self.counters.keys().collect();
-        keys.sort();
-        let labels = |model: &str, user: &Option<Arc<str>>| match user {
-            Some(u) => format!("model=\"{}\",user=\"{}\"", escape(model), escape(u)),
-            None => format!("model=\"{}\"", escape(model)),
+        let mut order: Vec<Slot> = (0..self.keys.len()).collect();
+        order.sort_by(|a, b| self.keys[*a].cmp(&self.keys[*b]));
+        let labels = |s: Slot| match &self.keys[s] {
+            (model, Some(u)) => format!("model=\"{}\",user=\"{}\"", escape(model), escape(u)),
+            (model, None) => format!("model=\"{}\"", escape(model)),
         };
         header(
             &mut out,
             "tokenmeter_requests_total",
             "counter",
-            "Generation requests finished, by outcome.",
+            "Generation requests finished, by outcome and class of the status sent to the client.",
         );
-        for k in &keys {
-            let c = &self.counters[*k];
-            for (o, n) in Outcome::ALL.iter().zip(c.outcomes) {
-                let _ = writeln!(
-                    out,
-                    "tokenmeter_requests_total{{{},outcome=\"{}\"}} {n}",
-                    labels(&k.0, &k.1),
-                    o.as_str()
-                );
+        for &s in &order {
+            let c = &self.counters[s];
+            let l = labels(s);
+            for (o, by_status) in Outcome::ALL.iter().zip(&c.outcomes) {
+                for (class, n) in STATUS_CLASSES.iter().zip(by_status) {
+                    // A series appears with its first request and stays.
+                    if *n > 0 {
+                        let o = o.as_str();
+                        let _ = writeln!(
+                            out,
+                            "tokenmeter_requests_total{{{l},outcome=\"{o}\",status=\"{class}\"}} {n}"
+                        );
+                    }
+                }
             }
         }
-        for (name, help, get) in [
+        for (name, help, pick) in [
             (
-                "tokenmeter_prompt_tokens_total",
-                "Prompt tokens of finished generation requests (from usage).",
+                "tokenmeter_generation_tokens_total",
+                "Generated tokens as they stream past the proxy, settled to usage when each \
+                 request ends (compare with vllm:generation_tokens_total).",
                 0,
             ),
             (
-                "tokenmeter_completion_tokens_total",
-                "Completion tokens of finished generation requests (usage, else counted).",
+                "tokenmeter_prompt_tokens_total",
+                "Prompt tokens, from the first streamed usage that carries them, else from the \
+                 final usage (compare with vllm:prompt_tokens_total).",
                 1,
+            ),
+            (
+                "tokenmeter_completion_tokens_total",
+                "Completion tokens counted when requests finish (usage, else counted); moves in \
+                 steps at each request's end: for rates use tokenmeter_generation_tokens_total.",
+                2,
             ),
         ] {
             header(&mut out, name, "counter", help);
-            for k in &keys {
-                let c = &self.counters[*k];
-                let v = if get == 0 { c.prompt } else { c.completion };
-                let _ = writeln!(out, "{name}{{{}}} {v}", labels(&k.0, &k.1));
+            for &s in &order {
+                let c = &self.counters[s];
+                let v = match pick {
+                    0 => c.generation.value,
+                    1 => c.prompt.value,
+                    _ => c.completion_at_finish,
+                };
+                let _ = writeln!(out, "{name}{{{}}} {v}", labels(s));
             }
         }
         let mut models: Vec<_> = self.hists.keys().collect();
@@ -210,11 +343,17 @@ impl PromState {
                 E2E_BUCKETS,
                 2,
             ),
+            (
+                "tokenmeter_first_byte_seconds",
+                "Arrival to the first response byte from the upstream, seconds.",
+                FIRST_BYTE_BUCKETS,
+                3,
+            ),
         ] {
             header(&mut out, name, "histogram", help);
             for m in &models {
                 let hs = &self.hists[*m];
-                let h = [&hs.ttft, &hs.tpot, &hs.e2e][pick];
+                let h = [&hs.ttft, &hs.tpot, &hs.e2e, &hs.first_byte][pick];
                 let m = escape(m);
                 let mut cum = 0;
                 for (b, n) in bounds.iter().zip(&h.counts) {
@@ -241,15 +380,98 @@ impl PromState {
     }
 }
 
-/// Appends the access-log counter (the writer's counters live outside the meter).
-pub fn render_access_log(out: &mut String, dropped: u64) {
+/// Counters kept outside the meter thread, appended to its exposition by the HTTP handler.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SelfMetrics {
+    /// The access-log writer's counters.
+    pub access_log: AccessLogView,
+    /// Successful and failed scrapes of the upstream's `/metrics`, when scraping is on.
+    pub scrapes: Option<(u64, u64)>,
+    /// The process's own resource use, when the platform reports it.
+    pub process: Option<super::process::ProcessStats>,
+}
+
+/// Appends build information, the access-log and scrape counters and the process metrics.
+pub fn render_self(out: &mut String, m: &SelfMetrics) {
     header(
         out,
-        "tokenmeter_access_log_dropped_total",
-        "counter",
-        "Access-log records dropped (channel full or writer gone).",
+        "tokenmeter_build_info",
+        "gauge",
+        "Always 1; the labels name the running build.",
     );
-    let _ = writeln!(out, "tokenmeter_access_log_dropped_total {dropped}");
+    let _ = writeln!(
+        out,
+        "tokenmeter_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    for (name, help, v) in [
+        (
+            "tokenmeter_access_log_written_total",
+            "Access-log lines written.",
+            m.access_log.written,
+        ),
+        (
+            "tokenmeter_access_log_dropped_total",
+            "Access-log records dropped (channel full or writer gone).",
+            m.access_log.dropped,
+        ),
+        (
+            "tokenmeter_access_log_failed_total",
+            "Access-log records lost to write errors.",
+            m.access_log.failed,
+        ),
+    ] {
+        header(out, name, "counter", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    if let Some((ok, errors)) = m.scrapes {
+        for (name, help, v) in [
+            (
+                "tokenmeter_upstream_scrapes_total",
+                "Successful scrapes of the upstream's /metrics.",
+                ok,
+            ),
+            (
+                "tokenmeter_upstream_scrape_errors_total",
+                "Failed scrapes of the upstream's /metrics (connection, timeout, status, no vllm: series).",
+                errors,
+            ),
+        ] {
+            header(out, name, "counter", help);
+            let _ = writeln!(out, "{name} {v}");
+        }
+    }
+    if let Some(p) = m.process {
+        // The names client libraries use for these, so existing process dashboards work.
+        header(
+            out,
+            "process_cpu_seconds_total",
+            "counter",
+            "User and system CPU time of the process, seconds.",
+        );
+        let _ = writeln!(out, "process_cpu_seconds_total {}", p.cpu_s);
+        header(
+            out,
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident set size, bytes.",
+        );
+        let _ = writeln!(out, "process_resident_memory_bytes {}", p.rss_bytes);
+        header(
+            out,
+            "process_open_fds",
+            "gauge",
+            "Open file descriptors.",
+        );
+        let _ = writeln!(out, "process_open_fds {}", p.open_fds);
+        header(
+            out,
+            "process_start_time_seconds",
+            "gauge",
+            "Start of the process, seconds since the Unix epoch.",
+        );
+        let _ = writeln!(out, "process_start_time_seconds {}", p.start_time_s);
+    }
 }
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {

@@ -92,7 +92,7 @@ impl Meter {
 
 impl Meter {
     /// Prometheus exposition of the meter's counters at `now` (without the access-log counter,
-    /// which [`super::prometheus::render_access_log`] appends).
+    /// build and process metrics, which [`super::prometheus::render_self`] appends).
     pub fn prometheus(&mut self, now: UnixNanos) -> String {
         self.tick(now);
         self.prom.render(self.in_flight())

@@ -34,7 +34,7 @@ pub use tracker::{InFlight, Observer, RequestMeta, Tracker, TrackerShared};
 use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
 use crate::clock::{Clock, UnixNanos};
 use crate::config::{ServeArgs, ServeConfig};
-use crate::meter::{spawn_meter, stats_router, MeterHandle, StatsContext};
+use crate::meter::{admin_router, spawn_meter, stats_router, MeterHandle, StatsContext};
 use crate::record::RequestRecord;
 use crate::scrape::{spawn_scraper, ScrapeConfig, ScrapeCounters};
 
@@ -125,6 +125,15 @@ impl ProxyHandle {
         self.state.trackers.in_flight.current()
     }
 
+    /// Where the live dashboard page is: `/` on `admin_listen` when set, else `/stats/ui` on
+    /// the main listener.
+    pub fn dashboard_url(&self) -> String {
+        match self.admin_addr {
+            Some(a) => format!("http://{a}/"),
+            None => format!("http://{}/stats/ui", self.addr),
+        }
+    }
+
     /// The live meter behind `/stats`.
     pub fn meter(&self) -> &MeterHandle {
         &self.meter
@@ -190,16 +199,13 @@ pub async fn spawn(
         ));
         scrape = Some((cfg, c));
     }
-    let stats = stats_router(
-        meter.clone(),
-        StatsContext {
+    let stats_ctx = StatsContext {
             upstream: config.upstream.clone(),
             bearer_token: config.stats_token.as_ref().map(|s| s.0.clone()),
             access_log: counters.clone(),
             started: Clock::global().now(),
             scrape,
-        },
-    );
+    };
     let upstream = config.upstream_uri()?;
     let authority = upstream
         .authority()
@@ -209,15 +215,17 @@ pub async fn spawn(
     let upstream_base = format!("http://{authority}{base_path}");
     let mut admin_addr = None;
     let mut admin_stop = None;
-    let mut main_stats = Some(stats.clone());
+    let main_stats;
     if let Some(a) = &config.admin_listen {
-        let router = stats;
+        let router = admin_router(meter.clone(), stats_ctx);
         let admin = std::net::TcpListener::bind(a.parse::<SocketAddr>()?)
             .with_context(|| format!("binding admin {a}"))?;
         admin.set_nonblocking(true)?;
         admin_addr = Some(admin.local_addr()?);
-        main_stats = None;
         admin_stop = Some(serve_stats_on_own_thread(admin, router)?);
+        main_stats = None;
+    } else {
+        main_stats = Some(stats_router(meter.clone(), stats_ctx));
     }
     let trackers = Arc::new(TrackerShared::new(
         observers,
@@ -473,6 +481,7 @@ pub async fn run_cli(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(a) = handle.admin_addr() {
         tracing::info!("stats listening on {a}");
     }
+    println!("tokenmeter dashboard: {}", handle.dashboard_url());
     wait_for_shutdown_signal(|| handle.reopen_access_log()).await;
     handle.shutdown().await;
     Ok(())
@@ -505,6 +514,10 @@ impl Observer for MeterHandle {
 
     fn tokens(&self, id: u64, now: UnixNanos, completion_tokens: u64) {
         MeterHandle::tokens(self, id, now, completion_tokens);
+    }
+
+    fn prompt_tokens(&self, id: u64, prompt_tokens: u64) {
+        MeterHandle::prompt_tokens(self, id, prompt_tokens);
     }
 
     fn finished(&self, now: UnixNanos, record: &Arc<RequestRecord>, metered: bool) {

@@ -18,6 +18,9 @@ pub trait Observer: Send + Sync + 'static {
     fn started(&self, id: u64, now: UnixNanos, user: &Arc<str>, model: Option<&Arc<str>>);
     /// `completion_tokens` more tokens of request `id` passed the proxy at `now`.
     fn tokens(&self, id: u64, now: UnixNanos, completion_tokens: u64);
+    /// Request `id` reported its prompt size before its end (streamed usage on a content
+    /// event, vLLM's `continuous_usage_stats`); at most once per request.
+    fn prompt_tokens(&self, _id: u64, _prompt_tokens: u64) {}
     /// A request finished (every request, generation or not); `metered` says if it was started.
     fn finished(&self, now: UnixNanos, record: &Arc<RequestRecord>, metered: bool);
 }
@@ -247,6 +250,7 @@ impl Tracker {
         if let Some(t) = s.server_timings {
             self.server = Some(t);
         }
+        let prompt_known_before = self.usage_prompt.is_some();
         if let Some(u) = s.usage {
             if u.prompt_tokens.is_some() {
                 self.usage_prompt = u.prompt_tokens;
@@ -256,6 +260,11 @@ impl Tracker {
             }
         }
         if streamed && self.announced && s.choices > 0 {
+            if let (false, Some(p)) = (prompt_known_before, self.usage_prompt) {
+                for o in &self.shared.observers {
+                    o.prompt_tokens(self.id, p);
+                }
+            }
             // Tokens to attribute now: cumulative usage when the upstream sends it on every event
             // (exact), else one per content-bearing choice; the final usage reconciles at the end.
             let delta = match s.usage.and_then(|u| u.completion_tokens) {
