@@ -33,7 +33,9 @@ async fn relay(admin: SocketAddr, seen: Seen) -> SocketAddr {
                 "application/json"
             };
             if uri.path() == "/stats" && status == 200 {
-                seen.lock().unwrap().push(serde_json::from_str(&body).unwrap());
+                seen.lock()
+                    .unwrap()
+                    .push(serde_json::from_str(&body).unwrap());
             }
             (
                 axum::http::StatusCode::from_u16(status).unwrap(),
@@ -60,7 +62,9 @@ fn decode(s: &str) -> String {
 
 /// The text of the element whose start tag holds `attr` (its direct text up to the next tag).
 fn text_at(dom: &str, attr: &str) -> String {
-    let at = dom.find(attr).unwrap_or_else(|| panic!("{attr} not in the page"));
+    let at = dom
+        .find(attr)
+        .unwrap_or_else(|| panic!("{attr} not in the page"));
     let start = at + dom[at..].find('>').unwrap() + 1;
     let end = start + dom[start..].find('<').unwrap();
     decode(&dom[start..end])
@@ -125,7 +129,11 @@ fn dump_dom(url: &str, budget_ms: u64) -> String {
         .arg(url)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -141,7 +149,13 @@ async fn the_page_shows_what_stats_said_in_the_snapshot_it_drew() {
     rig.one_shot_users(1000).await;
     let plan: Vec<(Duration, u32)> = (0..8u32)
         .map(|i| {
-            let phase = if i < 2 { 0 } else if i < 4 { 12 } else { 24 };
+            let phase = if i < 2 {
+                0
+            } else if i < 4 {
+                12
+            } else {
+                24
+            };
             (Duration::from_secs(phase), 300 + 40 * i)
         })
         .collect();
@@ -170,15 +184,50 @@ async fn the_page_shows_what_stats_said_in_the_snapshot_it_drew() {
     let w = &snap["windows"][&window];
 
     // Tiles.
-    agrees("gen tok/s", &text_at(&dom, "id=\"gen_tok_s\""), &w["gen_tok_s"], 1);
+    agrees(
+        "gen tok/s",
+        &text_at(&dom, "id=\"gen_tok_s\""),
+        &w["gen_tok_s"],
+        1,
+    );
     assert!(w["gen_tok_s"].as_f64().unwrap() > 0.0);
-    agrees("prompt tok/s", &text_at(&dom, "id=\"prompt_tok_s\""), &w["prompt_tok_s"], 1);
-    agrees("in flight", &text_at(&dom, "id=\"in_flight\""), &snap["in_flight"], 0);
-    agrees("in flight mean", &text_at(&dom, "id=\"in_flight_mean\""), &w["in_flight"]["mean"], 2);
-    agrees("finished", &text_at(&dom, "id=\"requests_finished\""), &w["requests_finished"], 0);
-    agrees("started", &text_at(&dom, "id=\"requests_started\""), &w["requests_started"], 0);
+    agrees(
+        "prompt tok/s",
+        &text_at(&dom, "id=\"prompt_tok_s\""),
+        &w["prompt_tok_s"],
+        1,
+    );
+    agrees(
+        "in flight",
+        &text_at(&dom, "id=\"in_flight\""),
+        &snap["in_flight"],
+        0,
+    );
+    agrees(
+        "in flight mean",
+        &text_at(&dom, "id=\"in_flight_mean\""),
+        &w["in_flight"]["mean"],
+        2,
+    );
+    agrees(
+        "finished",
+        &text_at(&dom, "id=\"requests_finished\""),
+        &w["requests_finished"],
+        0,
+    );
+    agrees(
+        "started",
+        &text_at(&dom, "id=\"requests_started\""),
+        &w["requests_started"],
+        0,
+    );
     agrees("errors", &text_at(&dom, "id=\"errors\""), &w["errors"], 0);
-    agrees("errors total", &text_at(&dom, "id=\"errors_total\""), &snap["totals"]["errors"], 0);
+    agrees(
+        "errors total",
+        &text_at(&dom, "id=\"errors_total\""),
+        &snap["totals"]["errors"],
+        0,
+    );
 
     // Percentiles.
     let pct = rows(&dom, "pct");
@@ -198,7 +247,12 @@ async fn the_page_shows_what_stats_said_in_the_snapshot_it_drew() {
     assert!(text_at(&dom, "id=\"users_sub\"").starts_with(&format!("{} users", users.len())));
     let mut ranked: Vec<(&String, f64)> = users
         .iter()
-        .map(|(k, u)| (k, u["windows"][&window]["gen_tok_s"].as_f64().unwrap_or(-1.0)))
+        .map(|(k, u)| {
+            (
+                k,
+                u["windows"][&window]["gen_tok_s"].as_f64().unwrap_or(-1.0),
+            )
+        })
         .collect();
     ranked.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then(a.0.cmp(b.0)));
     let table = rows(&dom, "users");
@@ -237,7 +291,10 @@ async fn the_page_shows_what_stats_said_in_the_snapshot_it_drew() {
     agrees("server tok/s", &server[0][1], &sv["gen_tok_s"], 1);
     agrees("proxy tok/s", &server[1][1], &sv["proxy_gen_tok_s"], 1);
     agrees("difference", &server[2][1], &sv["disagreement_pct"], 2);
-    assert!(sv["gen_tok_s"].as_f64().unwrap() > 0.0, "the cross-check has data");
+    assert!(
+        sv["gen_tok_s"].as_f64().unwrap() > 0.0,
+        "the cross-check has data"
+    );
     let health = rows(&dom, "health");
     let cell = |label: &str| {
         health
@@ -246,10 +303,30 @@ async fn the_page_shows_what_stats_said_in_the_snapshot_it_drew() {
             .unwrap_or_else(|| panic!("no {label} row"))[1]
             .clone()
     };
-    agrees("written", &cell("access log: lines written"), &snap["access_log"]["written"], 0);
-    agrees("dropped", &cell("access log: dropped"), &snap["access_log"]["dropped"], 0);
-    agrees("failed", &cell("access log: lost"), &snap["access_log"]["failed"], 0);
-    agrees("ok", &cell("outcome ok"), &snap["totals"]["outcomes"]["ok"], 0);
+    agrees(
+        "written",
+        &cell("access log: lines written"),
+        &snap["access_log"]["written"],
+        0,
+    );
+    agrees(
+        "dropped",
+        &cell("access log: dropped"),
+        &snap["access_log"]["dropped"],
+        0,
+    );
+    agrees(
+        "failed",
+        &cell("access log: lost"),
+        &snap["access_log"]["failed"],
+        0,
+    );
+    agrees(
+        "ok",
+        &cell("outcome ok"),
+        &snap["totals"]["outcomes"]["ok"],
+        0,
+    );
 
     // The figures of the closing note: the page's update (fetch + draw) and /stats at this size.
     let mut full = Vec::new();
@@ -296,9 +373,17 @@ async fn the_page_shows_what_stats_said_in_the_snapshot_it_drew() {
     })
     .await
     .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let png = std::fs::read(&shot).unwrap();
-    assert!(png.starts_with(b"\x89PNG") && png.len() > 50_000, "{} bytes", png.len());
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 50_000,
+        "{} bytes",
+        png.len()
+    );
     if let Ok(to) = std::env::var("TOKENMETER_SCREENSHOT") {
         std::fs::write(&to, &png).unwrap();
         println!("screenshot written to {to}");

@@ -249,8 +249,12 @@ async fn the_dashboard_page_is_self_contained() {
     // The page holds no data, so it needs no token; its script sends the token to /stats.
     let (status, head, body) = get(addr, "/stats/ui", None).await;
     assert_eq!(status, 200);
-    assert!(head.to_ascii_lowercase().contains("content-type: text/html"));
-    assert!(head.to_ascii_lowercase().contains("content-security-policy: default-src 'none'"));
+    assert!(head
+        .to_ascii_lowercase()
+        .contains("content-type: text/html"));
+    assert!(head
+        .to_ascii_lowercase()
+        .contains("content-security-policy: default-src 'none'"));
     assert!(body.starts_with("<!doctype html>"), "{}", &body[..40]);
     assert!(body.contains("<script>") && body.contains("</html>"));
     // Nothing loaded from anywhere: no URL with a scheme, no external script, style or image.
@@ -272,4 +276,43 @@ fn a_fresh_meter_snapshot_with_nulls_validates() {
     assert_eq!(doc["windows"]["10s"]["gen_tok_s"], Value::Null);
     assert_eq!(doc["windows"]["10s"]["in_flight"], Value::Null);
     assert_eq!(doc["capacity"], serde_json::json!([]));
+}
+
+#[tokio::test]
+async fn timeline_lists_each_complete_second() {
+    let addr = serve(busy_meter(), None, Arc::default()).await;
+    let (status, _, body) = get(addr, "/stats/timeline?seconds=30", None).await;
+    assert_eq!(status, 200, "{body}");
+    let t: Value = serde_json::from_str(&body).unwrap();
+    let col = |k: &str| t[k].as_array().unwrap().clone();
+    let gen: Vec<f64> = col("gen_tok_s")
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(gen.len(), 30);
+    for k in ["in_flight_mean", "in_flight_min", "in_flight_max", "steady"] {
+        assert_eq!(col(k).len(), 30, "{k}");
+    }
+    // Two requests of 8 tokens: 5 each streamed in second 2, 3 each settled over their decode
+    // time [1.5 s, 4 s).
+    assert!((gen.iter().sum::<f64>() - 16.0).abs() < 1e-9, "{gen:?}");
+    let steady = col("steady");
+    let max = col("in_flight_max");
+    // The meter's second 1 (the first at level 2; index 1 unless a second rolled over since).
+    let one = max.iter().position(|v| v == 2).unwrap();
+    assert!(one <= 1, "{max:?}");
+    assert!((gen[one + 1] - 12.4).abs() < 1e-9, "{gen:?}");
+    assert_eq!(steady[one + 1], true);
+    assert_eq!(steady[one + 3], false, "level 0 from 4 s to 5 s");
+    assert_eq!(
+        (max[one + 9].as_u64(), steady[one + 9].as_bool()),
+        (Some(1), Some(true))
+    );
+    // Up to the current (partial) second; a second may have rolled over since.
+    let end = t["from_s"].as_u64().unwrap() + 30;
+    assert!((Clock::global().now() / NANOS_PER_SEC).abs_diff(end) <= 1);
+    for bad in ["seconds=0", "seconds=x", "secs=5", "seconds=999999"] {
+        let (status, _, body) = get(addr, &format!("/stats/timeline?{bad}"), None).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
 }

@@ -247,7 +247,11 @@ fn generation_tokens_advance_while_streaming_and_settle_to_usage() {
     m.tokens(at(9.5), 9, 3);
     assert_eq!(gen(&mut m, 9.6).0, 43.0, "the debt of 4 absorbs these 3");
     m.tokens(at(9.7), 9, 5);
-    assert_eq!(gen(&mut m, 9.8).0, 47.0, "4 of the 5 pay the rest of the debt");
+    assert_eq!(
+        gen(&mut m, 9.8).0,
+        47.0,
+        "4 of the 5 pay the rest of the debt"
+    );
     let mut r = record(at(9.0), 1000.0, Some(100.0), Some(8), Some(1), true);
     r.request_id = "tm-1-9".into();
     r.model = Some("llama".into());
@@ -260,7 +264,15 @@ fn models_are_capped_at_100_and_status_classes_are_bounded() {
     let mut m = Meter::new(MeterConfig::default(), T0);
     for i in 0..130u64 {
         let model = format!("model-{i:03}");
-        finish(&mut m, i + 1, 1.0 + i as f64 * 0.01, &model, "a", Outcome::Ok, 100.0);
+        finish(
+            &mut m,
+            i + 1,
+            1.0 + i as f64 * 0.01,
+            &model,
+            "a",
+            Outcome::Ok,
+            100.0,
+        );
     }
     let mut r = record(at(3.0), 10.0, None, None, None, true);
     r.request_id = "tm-1-ffff".into();
@@ -292,7 +304,10 @@ fn models_are_capped_at_100_and_status_classes_are_bounded() {
         .filter_map(|k| k.split("status=\"").nth(1))
         .map(|v| v.split('"').next().unwrap())
         .collect();
-    assert_eq!(statuses.into_iter().collect::<Vec<_>>(), ["2xx", "4xx", "none"]);
+    assert_eq!(
+        statuses.into_iter().collect::<Vec<_>>(),
+        ["2xx", "4xx", "none"]
+    );
     assert_eq!(
         s["tokenmeter_requests_total{model=\"other\",outcome=\"client_aborted\",status=\"none\"}"],
         1.0
@@ -314,7 +329,14 @@ fn tpot_buckets_resolve_fast_decoders() {
     // 2.5 ms and 6.5 ms per token: two different buckets below vLLM's 10 ms floor.
     for (id, tpot_ms) in [(1u64, 2.5), (2, 6.5)] {
         m.request_started(at(1.0), id, "a", Some("llama"));
-        let mut r = record(at(1.0), 100.0 + tpot_ms * 100.0, Some(100.0), Some(101), Some(5), true);
+        let mut r = record(
+            at(1.0),
+            100.0 + tpot_ms * 100.0,
+            Some(100.0),
+            Some(101),
+            Some(5),
+            true,
+        );
         r.request_id = format!("tm-1-{id:x}");
         r.model = Some("llama".into());
         m.request_finished(at(2.0), &r);
@@ -325,5 +347,8 @@ fn tpot_buckets_resolve_fast_decoders() {
             "tokenmeter_time_per_output_token_seconds_bucket{{model=\"llama\",le=\"{le}\"}}"
         )]
     };
-    assert_eq!((b("0.002"), b("0.003"), b("0.006"), b("0.0075")), (0.0, 1.0, 1.0, 2.0));
+    assert_eq!(
+        (b("0.002"), b("0.003"), b("0.006"), b("0.0075")),
+        (0.0, 1.0, 1.0, 2.0)
+    );
 }

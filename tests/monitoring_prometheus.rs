@@ -37,15 +37,19 @@ fn enc(s: &str) -> String {
 /// A Prometheus API call; the `data` of a successful answer.
 async fn api(prom: SocketAddr, path_and_query: &str) -> Value {
     let (status, body) = get(prom, path_and_query).await;
-    let v: Value = serde_json::from_str(&body)
-        .unwrap_or_else(|_| panic!("{path_and_query}: {status} {body}"));
+    let v: Value =
+        serde_json::from_str(&body).unwrap_or_else(|_| panic!("{path_and_query}: {status} {body}"));
     assert_eq!(v["status"], "success", "{path_and_query}: {body}");
     v["data"].clone()
 }
 
 /// The instant vector of `expr` at Unix time `t`.
 async fn query(prom: SocketAddr, expr: &str, t: f64) -> Vec<Value> {
-    let d = api(prom, &format!("/api/v1/query?query={}&time={t:.3}", enc(expr))).await;
+    let d = api(
+        prom,
+        &format!("/api/v1/query?query={}&time={t:.3}", enc(expr)),
+    )
+    .await;
     d["result"].as_array().cloned().unwrap_or_default()
 }
 
@@ -78,7 +82,10 @@ fn start_prometheus(dir: &Scratch, targets: &[(&str, SocketAddr)]) -> (KillOnDro
     let port = free_port();
     let child = Command::new(program("PROMETHEUS", &["prometheus"], "prometheus"))
         .arg(format!("--config.file={}", file.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.0.join("data").display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.0.join("data").display()
+        ))
         .arg(format!("--web.listen-address=127.0.0.1:{port}"))
         .arg("--log.level=warn")
         .stdin(Stdio::null())
@@ -108,9 +115,29 @@ fn substitute(text: &str, name: &str, value: &str) -> String {
 /// are neither functions, aggregation keywords nor label names in `by (...)`.
 fn metric_names(expr: &str) -> BTreeSet<String> {
     const WORDS: &[&str] = &[
-        "sum", "by", "without", "rate", "irate", "increase", "histogram_quantile", "topk",
-        "bottomk", "avg", "min", "max", "count", "le", "on", "ignoring", "group_left",
-        "group_right", "and", "or", "unless", "offset", "bool",
+        "sum",
+        "by",
+        "without",
+        "rate",
+        "irate",
+        "increase",
+        "histogram_quantile",
+        "topk",
+        "bottomk",
+        "avg",
+        "min",
+        "max",
+        "count",
+        "le",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "bool",
     ];
     let mut out = BTreeSet::new();
     let (mut in_braces, mut in_string, mut in_by) = (false, false, false);
@@ -136,7 +163,9 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
         } else if c.is_ascii_alphabetic() || c == '_' {
             let start = i;
             while i + 1 < chars.len()
-                && (chars[i + 1].is_ascii_alphanumeric() || chars[i + 1] == '_' || chars[i + 1] == ':')
+                && (chars[i + 1].is_ascii_alphanumeric()
+                    || chars[i + 1] == '_'
+                    || chars[i + 1] == ':')
             {
                 i += 1;
             }
@@ -166,9 +195,10 @@ fn metric_names_are_found_in_expressions() {
 async fn prometheus_rates_agree_with_vllm_and_every_dashboard_query_has_data() {
     let rig = Rig::start().await;
     let dir = Scratch::new("prometheus");
-    let (_prom, prom) = start_prometheus(&dir, &[("tokenmeter", rig.admin), ("vllm", rig.sim.addr())]);
+    let (_prom, prom) =
+        start_prometheus(&dir, &[("tokenmeter", rig.admin), ("vllm", rig.sim.addr())]);
     let ready = Instant::now() + Duration::from_secs(30);
-    while get(prom, "/-/ready").await.0 != 200 {
+    while !matches!(try_get(prom, "/-/ready").await, Ok((200, _))) {
         assert!(Instant::now() < ready, "Prometheus did not get ready");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -198,7 +228,9 @@ async fn prometheus_rates_agree_with_vllm_and_every_dashboard_query_has_data() {
     // Instants from 40 s in (every stream started by 8 s, so the 30 s range is steady from
     // 38 s) to the end.
     let first = end - (run.as_secs_f64() - 40.0);
-    let instants: Vec<f64> = (0..6).map(|k| first + (end - first) * k as f64 / 5.0).collect();
+    let instants: Vec<f64> = (0..6)
+        .map(|k| first + (end - first) * k as f64 / 5.0)
+        .collect();
     let live = "sum(rate(tokenmeter_generation_tokens_total[30s]))";
     let old = "sum(rate(tokenmeter_completion_tokens_total[30s]))";
     let server = "sum(rate(vllm:generation_tokens_total[30s]))";
@@ -231,9 +263,16 @@ async fn prometheus_rates_agree_with_vllm_and_every_dashboard_query_has_data() {
 
     // The Grafana dashboard: variables resolved like Grafana (query variables from
     // label_values, "All" as the variable's allValue), then every panel query at `end`.
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/tokenmeter.json")).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/grafana/tokenmeter.json"
+    ))
+    .unwrap();
     let dash: Value = serde_json::from_str(&text).unwrap();
-    assert!(dash["schemaVersion"].as_u64().unwrap() >= 36, "Grafana 10 schema");
+    assert!(
+        dash["schemaVersion"].as_u64().unwrap() >= 36,
+        "Grafana 10 schema"
+    );
     let names: BTreeSet<String> = api(prom, "/api/v1/label/__name__/values")
         .await
         .as_array()
@@ -286,7 +325,10 @@ async fn prometheus_rates_agree_with_vllm_and_every_dashboard_query_has_data() {
             for (k, val) in &vars {
                 expr = substitute(&expr, k, val);
             }
-            assert!(!expr.contains('$'), "{title}: unresolved variable in {expr}");
+            assert!(
+                !expr.contains('$'),
+                "{title}: unresolved variable in {expr}"
+            );
             for m in metric_names(&expr) {
                 assert!(names.contains(&m), "{title}: no metric {m} in Prometheus");
             }

@@ -87,7 +87,11 @@ async fn stats_token_and_admin_listener() {
         200
     );
     // On admin_listen: the dashboard at / and tokenmeter's metrics at /metrics.
-    let page = raw_request(admin, b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await;
+    let page = raw_request(
+        admin,
+        b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
     assert_eq!(page.status, 200);
     assert!(String::from_utf8_lossy(&page.body).contains("tokenmeter"));
     let metrics = raw_request(

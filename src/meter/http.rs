@@ -247,7 +247,12 @@ async fn timeline(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: U
                 );
                 return bad(msg, Some("seconds"));
             }
-            _ => return bad(format!("unknown query parameter {k:?}; expected seconds"), Some(&k)),
+            _ => {
+                return bad(
+                    format!("unknown query parameter {k:?}; expected seconds"),
+                    Some(&k),
+                )
+            }
         }
     }
     match state.handle.timeline(Clock::global().now(), seconds).await {

@@ -457,12 +457,7 @@ pub fn render_self(out: &mut String, m: &SelfMetrics) {
             "Resident set size, bytes.",
         );
         let _ = writeln!(out, "process_resident_memory_bytes {}", p.rss_bytes);
-        header(
-            out,
-            "process_open_fds",
-            "gauge",
-            "Open file descriptors.",
-        );
+        header(out, "process_open_fds", "gauge", "Open file descriptors.");
         let _ = writeln!(out, "process_open_fds {}", p.open_fds);
         header(
             out,

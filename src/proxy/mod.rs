@@ -200,11 +200,11 @@ pub async fn spawn(
         scrape = Some((cfg, c));
     }
     let stats_ctx = StatsContext {
-            upstream: config.upstream.clone(),
-            bearer_token: config.stats_token.as_ref().map(|s| s.0.clone()),
-            access_log: counters.clone(),
-            started: Clock::global().now(),
-            scrape,
+        upstream: config.upstream.clone(),
+        bearer_token: config.stats_token.as_ref().map(|s| s.0.clone()),
+        access_log: counters.clone(),
+        started: Clock::global().now(),
+        scrape,
     };
     let upstream = config.upstream_uri()?;
     let authority = upstream
@@ -481,7 +481,7 @@ pub async fn run_cli(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(a) = handle.admin_addr() {
         tracing::info!("stats listening on {a}");
     }
-    println!("tokenmeter dashboard: {}", handle.dashboard_url());
+    tracing::info!("dashboard at {}", handle.dashboard_url());
     wait_for_shutdown_signal(|| handle.reopen_access_log()).await;
     handle.shutdown().await;
     Ok(())

@@ -151,11 +151,18 @@ async fn send(addr: SocketAddr, user: &str, body: &str, deadline: Instant) -> u6
 
 /// GET `path` from `addr`; (status, body).
 pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).await.unwrap();
+    try_get(addr, path)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"))
+}
+
+/// GET `path` from `addr`; (status, body), or the connection's error.
+pub async fn try_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr).await?;
     let req = format!("GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
+    s.write_all(req.as_bytes()).await?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
+    s.read_to_end(&mut raw).await?;
     let text = String::from_utf8_lossy(&raw).to_string();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = head
@@ -163,12 +170,15 @@ pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         dechunk(body)
     } else {
         body.to_string()
     };
-    (status, body)
+    Ok((status, body))
 }
 
 fn dechunk(mut s: &str) -> String {
@@ -198,12 +208,19 @@ pub fn program(var: &str, names: &[&str], package: &str) -> PathBuf {
             }
         }
     }
-    panic!("{} not found: install the Debian package {package} (.ci/run does), or set {var}", names[0]);
+    panic!(
+        "{} not found: install the Debian package {package} (.ci/run does), or set {var}",
+        names[0]
+    );
 }
 
 /// Headless Chromium with the flags a container needs, a profile of its own under `profile`.
 pub fn chromium(profile: &Path) -> Command {
-    let mut c = Command::new(program("CHROMIUM", &["chromium", "chromium-browser"], "chromium"));
+    let mut c = Command::new(program(
+        "CHROMIUM",
+        &["chromium", "chromium-browser"],
+        "chromium",
+    ));
     c.args([
         "--headless",
         "--no-sandbox",
