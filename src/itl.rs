@@ -135,7 +135,10 @@ mod tests {
     #[test]
     fn exact_moments_and_bounded_quantiles() {
         let mut h = ItlHistogram::default();
-        assert_eq!((h.mean_ms(), h.quantile_ms(0.5), h.max_ms()), (None, None, None));
+        assert_eq!(
+            (h.mean_ms(), h.quantile_ms(0.5), h.max_ms()),
+            (None, None, None)
+        );
         // 1..=100 ms.
         for ms in 1..=100u64 {
             h.record(ms * 1_000_000);
@@ -147,7 +150,10 @@ mod tests {
             let got = h.quantile_ms(q).unwrap();
             assert!((got / exact - 1.0).abs() < 0.045, "q {q}: {got} vs {exact}");
         }
-        assert_eq!(h.quantile_ms(1.0), Some(100.0f64.min(h.quantile_ms(1.0).unwrap())));
+        assert_eq!(
+            h.quantile_ms(1.0),
+            Some(100.0f64.min(h.quantile_ms(1.0).unwrap()))
+        );
     }
 
     #[test]

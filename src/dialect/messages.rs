@@ -98,20 +98,16 @@ impl Dialect for Messages {
         let mut s = EventSummary::default();
         match ev.kind.as_ref() {
             "content_block_delta" => {
-                s.output = ev
-                    .delta
-                    .is_some_and(|d| carries(d.text) || carries(d.partial_json) || carries(d.thinking))
-                    as u32;
+                s.output = ev.delta.is_some_and(|d| {
+                    carries(d.text) || carries(d.partial_json) || carries(d.thinking)
+                }) as u32;
             }
             "message_start" => {
                 // `output_tokens` here is the count so far (0 or 1), not a total: input only.
-                s.usage = ev
-                    .message
-                    .and_then(|m| m.usage)
-                    .map(|u| TokenUsage {
-                        output: None,
-                        ..TokenUsage::from(u)
-                    });
+                s.usage = ev.message.and_then(|m| m.usage).map(|u| TokenUsage {
+                    output: None,
+                    ..TokenUsage::from(u)
+                });
             }
             "message_delta" => {
                 s.usage = ev.usage.map(TokenUsage::from);
@@ -140,7 +136,9 @@ impl Dialect for Messages {
         }
         // A non-streamed message has the message's members at the top level.
         let m: Message<'a> = serde_json::from_slice(body).ok()?;
-        let output = m.content.is_some_and(|c| c.get() != "[]" && c.get() != "null");
+        let output = m
+            .content
+            .is_some_and(|c| c.get() != "[]" && c.get() != "null");
         Some(EventSummary {
             output: output as u32,
             usage: m.usage.map(TokenUsage::from),
@@ -209,9 +207,14 @@ mod tests {
             .event(br#"{"type":"message_start","message":{"usage":{"input_tokens":5,"cache_read_input_tokens":100,"cache_creation_input_tokens":7,"output_tokens":1}}}"#)
             .unwrap();
         let u = start.usage.unwrap();
-        assert_eq!((u.input, u.cached_input, u.output), (Some(112), Some(100), None));
+        assert_eq!(
+            (u.input, u.cached_input, u.output),
+            (Some(112), Some(100), None)
+        );
         let e = Messages
-            .event(br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#)
+            .event(
+                br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+            )
             .unwrap();
         assert!(e.error && e.end);
         let ping = Messages.event(br#"{"type": "ping"}"#).unwrap();

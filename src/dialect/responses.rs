@@ -136,7 +136,9 @@ impl Dialect for Responses {
 
     fn body<'a>(&self, body: &'a [u8]) -> Option<EventSummary<'a>> {
         let mut r: Response<'a> = serde_json::from_slice(body).ok()?;
-        let output = r.output.is_some_and(|o| o.get() != "[]" && o.get() != "null");
+        let output = r
+            .output
+            .is_some_and(|o| o.get() != "[]" && o.get() != "null");
         Some(EventSummary {
             output: output as u32,
             usage: r.usage.take().map(TokenUsage::from),
@@ -187,7 +189,9 @@ mod tests {
             })
         );
         assert_eq!(last.finish_reason.as_deref(), Some("max_output_tokens"));
-        assert!(sums[..sums.len() - 1].iter().all(|s| !s.end && s.usage.is_none()));
+        assert!(sums[..sums.len() - 1]
+            .iter()
+            .all(|s| !s.end && s.usage.is_none()));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 
 use crate::config::ServeConfig;
+use crate::dialect::{Dialect, StreamUsage};
 use crate::error::ProxyError;
 use crate::proxy::body::{MeteredBody, Reading};
 use crate::proxy::headers::strip_hop_by_hop;
@@ -19,7 +20,6 @@ use crate::proxy::identity::{self, Clues};
 use crate::proxy::request::{inject_include_usage, RequestInfo};
 use crate::proxy::tracker::{RequestMeta, Tracker, TrackerShared};
 use crate::proxy::ProxyBody;
-use crate::dialect::{Dialect, StreamUsage};
 use crate::record::Outcome;
 use crate::sse::SseScanner;
 

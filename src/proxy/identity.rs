@@ -257,7 +257,8 @@ mod tests {
     #[test]
     fn x_api_key_is_a_key_like_bearer() {
         let mut cfg = UsersConfig::default();
-        cfg.api_keys.insert("ann".into(), Secret("sk-ant-ann".into()));
+        cfg.api_keys
+            .insert("ann".into(), Secret("sk-ant-ann".into()));
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
         let h = headers(&[("x-api-key", "sk-ant-ann")]);
         assert_eq!(bearer_key(&h), Some("sk-ant-ann"));
