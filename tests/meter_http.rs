@@ -239,7 +239,9 @@ async fn metrics_endpoint_serves_prometheus_text() {
             .unwrap_or_else(|| panic!("{name} missing"))
             .parse()
             .unwrap();
-        assert!(v > 0.0, "{name}{v}");
+        // A young test process may not have used a whole 10 ms tick of CPU yet.
+        let floor = if name.starts_with("process_cpu") { 0.0 } else { 1.0 };
+        assert!(v >= floor, "{name}{v}");
     }
 }
 

@@ -19,34 +19,35 @@ impl ProcessStats {
     /// caller knows when it started, and `/proc` gives it only relative to boot.
     pub fn read(start_time_s: f64) -> Option<ProcessStats> {
         let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
         // The command name (field 2) is in parentheses and may hold spaces: split after it.
         let rest = &stat[stat.rfind(')')? + 1..];
         let fields: Vec<&str> = rest.split_whitespace().collect();
         // After the name: state is field 3, utime 14 and stime 15 (1-based, man proc).
         let utime: u64 = fields.get(11)?.parse().ok()?;
         let stime: u64 = fields.get(12)?.parse().ok()?;
-        let resident_pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-        // SAFETY: sysconf only reads system constants.
-        let (ticks, page) = unsafe {
-            (
-                libc::sysconf(libc::_SC_CLK_TCK),
-                libc::sysconf(libc::_SC_PAGESIZE),
-            )
-        };
-        if ticks <= 0 || page <= 0 {
-            return None;
-        }
+        let rss_kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()?;
         let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
         Some(ProcessStats {
-            cpu_s: (utime + stime) as f64 / ticks as f64,
-            rss_bytes: resident_pages * page as u64,
+            cpu_s: (utime + stime) as f64 / USER_HZ,
+            rss_bytes: rss_kib * 1024,
             // read_dir itself holds one descriptor while counting.
             open_fds: open_fds.saturating_sub(1),
             start_time_s,
         })
     }
 }
+
+/// Clock ticks per second of `/proc`'s CPU times: Linux fixes USER_HZ at 100 for userspace on
+/// every architecture (what `sysconf(_SC_CLK_TCK)` returns), whatever the kernel's own HZ.
+const USER_HZ: f64 = 100.0;
 
 #[cfg(test)]
 mod tests {
