@@ -1,6 +1,9 @@
 //! Meter costs: `MeterHandle::tokens` per chunk (alone and with two threads contending) and a
 //! `/stats` snapshot with 1,000 users.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,9 @@
 //! SSE scanning and event summarizing on recorded vLLM streams, and access-log line encoding.
 //! Run: cargo bench --bench sse_scan
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tokenmeter::openai::summarize;
 use tokenmeter::record::RequestRecord;

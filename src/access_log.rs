@@ -169,7 +169,7 @@ impl Output {
             Some(Ok(())) => self.unflushed += 1,
             Some(Err(e)) => {
                 let lost = self.unflushed + 1;
-                self.fail(&e, lost)
+                self.fail(&e, lost);
             }
             None => self.lose(1),
         }

@@ -1,7 +1,7 @@
 //! Errors the proxy answers itself, as OpenAI-shaped JSON with the right status.
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::StatusCode;
 
 /// Whose fault an error is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,18 +114,6 @@ impl ProxyError {
             }
         });
         Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
-    }
-
-    /// The full response.
-    pub fn response<B: From<Bytes>>(&self) -> Response<B> {
-        let body = self.body();
-        let mut r = Response::new(B::from(body));
-        *r.status_mut() = self.status;
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        r
     }
 }
 

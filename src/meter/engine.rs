@@ -262,7 +262,7 @@ impl Meter {
     /// (see [`id_from_request_id`]). Non-generation records are ignored.
     pub fn request_finished(&mut self, now: UnixNanos, record: &RequestRecord) {
         let id = id_from_request_id(&record.request_id);
-        self.request_finished_id(now, id, record)
+        self.request_finished_id(now, id, record);
     }
 
     /// A request finished at `now`; `id` is the id its start was reported with (`None`, or an id

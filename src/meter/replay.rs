@@ -255,7 +255,7 @@ impl Timeline {
                     in_flight_at_start: r.in_flight_at_start,
                     cold_start: r.cold_start,
                 },
-            ))
+            ));
         };
         for r in &records {
             sweep.push(

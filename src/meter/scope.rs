@@ -88,7 +88,7 @@ impl Scope {
         let ring = &mut self.ring;
         self.in_flight
             .advance(now, floor_sec, &mut |sec, level, ns| {
-                ring.bucket_mut(sec).observe_level(level, ns)
+                ring.bucket_mut(sec).observe_level(level, ns);
             });
     }
 
@@ -96,7 +96,7 @@ impl Scope {
         let ring = &mut self.ring;
         self.in_flight
             .change(now, delta, floor_sec, &mut |sec, level, ns| {
-                ring.bucket_mut(sec).observe_level(level, ns)
+                ring.bucket_mut(sec).observe_level(level, ns);
             });
     }
 

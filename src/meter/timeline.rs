@@ -315,7 +315,7 @@ pub fn attribute_finish(
 
 /// Attributes a record replayed from a log (no per-event times): `sink(second, gen, prompt)`.
 pub fn attribute_record(record: &RequestRecord, sink: &mut impl FnMut(u64, f64, f64)) {
-    attribute_finish(record, 0.0, end_ns(record), 0, sink)
+    attribute_finish(record, 0.0, end_ns(record), 0, sink);
 }
 
 #[cfg(test)]

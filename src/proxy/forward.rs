@@ -127,15 +127,12 @@ async fn forward(
     }
     tracker.admit(meta);
 
-    let uri = match upstream_uri(state, &fwd_path, parts.uri.query()) {
-        Ok(u) => u,
-        Err(_) => {
-            return reject(
-                tracker,
-                ProxyError::bad_request("The request path is not valid."),
-                "invalid path",
-            )
-        }
+    let Ok(uri) = upstream_uri(state, &fwd_path, parts.uri.query()) else {
+        return reject(
+            tracker,
+            ProxyError::bad_request("The request path is not valid."),
+            "invalid path",
+        );
     };
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);

@@ -282,7 +282,7 @@ fn serve_stats_on_own_thread(
                         let _ = stopped.await;
                     })
                     .await;
-            })
+            });
         })?;
     Ok(stop)
 }
@@ -302,7 +302,7 @@ fn upstream_client(config: &ServeConfig) -> Client<HttpConnector, http_body_util
 /// Threads that accept and serve connections: one per core unless `serving_threads` says.
 fn serving_threads(config: &ServeConfig) -> usize {
     match config.serving_threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
         n => n,
     }
 }

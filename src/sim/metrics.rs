@@ -200,7 +200,9 @@ impl Stats {
 
     /// The locked part; a poisoned lock still yields its data (counters stay usable).
     pub fn lock(&self) -> std::sync::MutexGuard<'_, Locked> {
-        self.locked.lock().unwrap_or_else(|e| e.into_inner())
+        self.locked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
