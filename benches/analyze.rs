@@ -23,7 +23,7 @@ fn bench_analyze(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(bytes));
     let inputs = [path.clone()];
     g.bench_function("100k_lines", |b| {
-        b.iter(|| analyze(&inputs, &AnalyzeOptions::default()).expect("analyze"))
+        b.iter(|| analyze(&inputs, &AnalyzeOptions::default()).expect("analyze"));
     });
     g.finish();
     let _ = std::fs::remove_file(&path);

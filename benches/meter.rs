@@ -51,7 +51,7 @@ fn bench_tokens(c: &mut Criterion) {
             let d = start.elapsed();
             drain(&rt, &h);
             d
-        })
+        });
     });
     c.bench_function("handle.tokens per chunk, 2 threads contending", |b| {
         b.iter_custom(|iters| {
@@ -69,7 +69,7 @@ fn bench_tokens(c: &mut Criterion) {
             let d = start.elapsed();
             drain(&rt, &h);
             d
-        })
+        });
     });
 }
 
@@ -95,14 +95,14 @@ fn bench_snapshot(c: &mut Criterion) {
     let now = T0 + 600 * NANOS_PER_SEC;
     let q = SnapshotQuery::default();
     c.bench_function("snapshot, 1000 users", |b| {
-        b.iter(|| m.snapshot(now, &q).unwrap())
+        b.iter(|| m.snapshot(now, &q).unwrap());
     });
     c.bench_function("snapshot + JSON, 1000 users", |b| {
         b.iter(|| {
             serde_json::to_vec(&m.snapshot(now, &q).unwrap())
                 .unwrap()
                 .len()
-        })
+        });
     });
 }
 

@@ -230,7 +230,7 @@ fn main() -> anyhow::Result<()> {
         res.insert("ramp".into(), rt.block_on(phases::ramp(&env, &o)));
     }
     let meta = serde_json::json!({
-        "date_utc": report::now_utc(), "nproc": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "date_utc": report::now_utc(), "nproc": std::thread::available_parallelism().map(std::num::NonZero::get).unwrap_or(0),
         "loadavg_before": load_before, "loadavg_after": report::loadavg(), "seconds": started.elapsed().as_secs_f64(),
         "nginx_workers": o.nginx.as_ref().map(|_| o.nginx_workers.clone()), "events_per_request": o.events,
         "gap_ms": o.gap_ms, "nofile_limit": nofile, "ramp_steps": o.ramp, "concurrency": o.concurrency, "rounds": o.rounds, "ttft_rounds": o.ttft_rounds, "tm_env": o.tm_env,

@@ -47,7 +47,7 @@ fn bench_step(c: &mut Criterion) {
                 for rx in receivers.iter_mut() {
                     while rx.try_recv().is_ok() {}
                 }
-            })
+            });
         });
     }
     group.finish();

@@ -54,7 +54,7 @@ fn scan(c: &mut Criterion) {
                     s.feed(f, |e| n += e.data.len());
                 }
                 n
-            })
+            });
         });
         g.bench_with_input(
             BenchmarkId::new("scan_and_summarize", name),
@@ -71,7 +71,7 @@ fn scan(c: &mut Criterion) {
                         });
                     }
                     tokens
-                })
+                });
             },
         );
         g.throughput(Throughput::Elements(frames.len() as u64));
@@ -87,7 +87,7 @@ fn scan(c: &mut Criterion) {
                     });
                 }
                 tokens
-            })
+            });
         });
     }
     g.finish();
@@ -118,7 +118,7 @@ fn summary(c: &mut Criterion) {
                     .filter_map(|e| read(e))
                     .map(|s| s.content_choices)
                     .sum::<u32>()
-            })
+            });
         });
     }
     g.finish();
@@ -132,7 +132,7 @@ fn encode(c: &mut Criterion) {
     .unwrap();
     let record: RequestRecord = serde_json::from_str(&line).unwrap();
     c.bench_function("access_log_line_encode", |b| {
-        b.iter(|| record.to_json_line())
+        b.iter(|| record.to_json_line());
     });
 }
 

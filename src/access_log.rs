@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::clock::UnixNanos;
-use crate::proxy::Observer;
+use crate::observe::Observer;
 use crate::record::RequestRecord;
 use crate::scrape::ServerSample;
 
@@ -80,7 +80,7 @@ impl Observer for AccessLogSink {
 
     fn tokens(&self, _: u64, _: UnixNanos, _: u64) {}
 
-    fn finished(&self, _: UnixNanos, record: &Arc<RequestRecord>, _: bool) {
+    fn finished(&self, _: u64, _: UnixNanos, record: &Arc<RequestRecord>, _: bool) {
         self.send(LogLine::Request(record.clone()));
     }
 }

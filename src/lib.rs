@@ -11,6 +11,7 @@ pub mod demo;
 pub mod error;
 pub mod load;
 pub mod meter;
+pub mod observe;
 pub mod openai;
 pub mod proxy;
 pub mod record;

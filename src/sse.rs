@@ -308,7 +308,7 @@ mod tests {
         let mut s = SseScanner::default();
         let mut seen = Vec::new();
         s.feed(b": keep-alive\n\ndata: {\"x\"", |e| {
-            seen.push((e.data.to_vec(), e.start, e.end))
+            seen.push((e.data.to_vec(), e.start, e.end));
         });
         assert!(seen.is_empty());
         assert!(s.in_event());

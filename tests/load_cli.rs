@@ -1,5 +1,8 @@
 //! `tokenmeter load` as a process: argument parsing, JSON on stdout, tables, exit codes.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod load_support;
 
 use load_support::{spawn, FakeConfig, FAKE_MODEL};

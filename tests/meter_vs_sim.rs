@@ -5,6 +5,9 @@
 //! the closing note (two identical runs, client-side aggregate beside): run it with
 //! `cargo test --release --test meter_vs_sim -- --ignored --nocapture`.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};

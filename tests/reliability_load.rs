@@ -2,6 +2,9 @@
 //! stalled readers and proxy memory, a 20,000-request burst against the access log, and 2,000
 //! concurrent streams for 60 s against the simulator.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::net::SocketAddr;

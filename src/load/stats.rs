@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::client::HttpClient;
-use super::report::{summarize, MinAvgMax};
+use super::summary::{summarize, MinAvgMax};
 
 /// In-flight requests over a proxy window.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

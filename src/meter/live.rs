@@ -1,7 +1,6 @@
 //! The live shell: one thread owns the [`Meter`]; the data path sends it events through an
 //! unbounded channel and never waits.
 
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::thread::Thread;
 use std::time::Duration;
@@ -10,6 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::access_log::AccessLogCounters;
 use crate::clock::{Clock, UnixNanos};
+use crate::observe::Observer;
 use crate::record::RequestRecord;
 use crate::scrape::ServerSample;
 
@@ -31,6 +31,7 @@ enum Event {
     },
     Finish {
         now: UnixNanos,
+        id: u64,
         record: Arc<RequestRecord>,
     },
     // Boxed: rare, and it would otherwise widen every channel slot.
@@ -69,7 +70,6 @@ pub struct MeterHandle {
     /// The meter thread, woken for queries only: waking it for every token event cost a futex
     /// call and a context switch per streamed chunk (about 8 µs of CPU per event, measured).
     thread: Option<Thread>,
-    in_flight: Arc<AtomicI64>,
 }
 
 impl std::fmt::Debug for Event {
@@ -115,7 +115,7 @@ pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
                 model,
             } => meter.request_started(now, id, &user, model.as_deref()),
             Event::Tokens { now, id, delta } => meter.tokens(now, id, delta),
-            Event::Finish { now, record } => meter.request_finished(now, &record),
+            Event::Finish { now, id, record } => meter.request_finished_id(now, Some(id), &record),
             Event::Snapshot(req) => {
                 let _ = req.reply.send(meter.snapshot(req.now, &req.query));
             }
@@ -137,17 +137,12 @@ pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
             None
         }
     };
-    MeterHandle {
-        tx,
-        thread,
-        in_flight: Arc::new(AtomicI64::new(0)),
-    }
+    MeterHandle { tx, thread }
 }
 
 impl MeterHandle {
     /// Generation request `id` of `user` for `model` arrived at `now`.
     pub fn started(&self, id: u64, now: UnixNanos, user: Arc<str>, model: Option<Arc<str>>) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
         let _ = self.tx.send(Event::Start {
             now,
             id,
@@ -161,20 +156,13 @@ impl MeterHandle {
         let _ = self.tx.send(Event::Tokens { now, id, delta });
     }
 
-    /// A request finished at `now`; `was_started` says whether [`MeterHandle::started`] was called
-    /// for it (only then does the in-flight count drop). The request's id is read from
-    /// `record.request_id` (`tm-<prefix>-<id hex>`).
-    pub fn finished(
-        &self,
-        now: UnixNanos,
-        record: impl Into<Arc<RequestRecord>>,
-        was_started: bool,
-    ) {
-        if was_started {
-            self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        }
+    /// Request `id` finished at `now`. If it was [`started`](MeterHandle::started) (with this
+    /// id), its open state closes; a record never started is accounted without changing the
+    /// in-flight level.
+    pub fn finished(&self, id: u64, now: UnixNanos, record: impl Into<Arc<RequestRecord>>) {
         let _ = self.tx.send(Event::Finish {
             now,
+            id,
             record: record.into(),
         });
     }
@@ -198,11 +186,6 @@ impl MeterHandle {
     /// A scrape sample of the upstream's `/metrics`.
     pub fn server_sample(&self, sample: ServerSample) {
         let _ = self.send_now(Event::ServerSample(Box::new(sample)));
-    }
-
-    /// Requests started and not yet finished, as counted by this handle's callers.
-    pub fn in_flight(&self) -> i64 {
-        self.in_flight.load(Ordering::Relaxed)
     }
 
     /// The `/stats` document at `now`, with `upstream` and the access-log counters filled in.
@@ -230,6 +213,22 @@ impl MeterHandle {
             return String::new();
         }
         rx.await.unwrap_or_default()
+    }
+}
+
+impl Observer for MeterHandle {
+    fn started(&self, id: u64, now: UnixNanos, user: &Arc<str>, model: Option<&Arc<str>>) {
+        MeterHandle::started(self, id, now, user.clone(), model.cloned());
+    }
+
+    fn tokens(&self, id: u64, now: UnixNanos, completion_tokens: u64) {
+        MeterHandle::tokens(self, id, now, completion_tokens);
+    }
+
+    fn finished(&self, id: u64, now: UnixNanos, record: &Arc<RequestRecord>, _: bool) {
+        if record.is_generation() {
+            MeterHandle::finished(self, id, now, record.clone());
+        }
     }
 }
 

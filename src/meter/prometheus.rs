@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use crate::record::{Outcome, RequestRecord};
 
-use super::engine::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
+use super::labels::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
 
 /// TTFT bucket upper bounds, seconds.
 pub const TTFT_BUCKETS: &[f64] = &[

@@ -35,8 +35,6 @@ use crate::record::RequestRecord;
 
 use super::histogram::LogHistogram;
 
-pub use super::inflight::{mean_level, InFlightIntegrator};
-
 /// Longest stretch (seconds, one day) an interval's tokens are spread over; earlier parts are dropped.
 pub const MAX_SPREAD_SECONDS: u64 = 86_400;
 

@@ -29,14 +29,14 @@ use tokio::task::JoinSet;
 pub use body::BoxError;
 pub use forward::ProxyState;
 pub use headers::strip_hop_by_hop;
-pub use tracker::{InFlight, Observer, RequestMeta, Tracker, TrackerShared};
+pub use tracker::{InFlight, RequestMeta, Tracker, TrackerShared};
 
 use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
-use crate::clock::{Clock, UnixNanos};
+use crate::clock::Clock;
 use crate::config::{ServeArgs, ServeConfig};
 use crate::meter::{spawn_meter, stats_router, MeterHandle, StatsContext};
-use crate::record::RequestRecord;
-use crate::scrape::{spawn_scraper, ScrapeConfig, ScrapeCounters};
+use crate::observe::Observer;
+use crate::scrape::{spawn_scraper, SampleSink, ScrapeConfig, ScrapeCounters};
 
 /// The body of every response the proxy sends.
 pub enum ProxyBody {
@@ -177,18 +177,10 @@ pub async fn spawn(
     let meter = spawn_meter(config.meter.clone());
     observers.push(Arc::new(meter.clone()));
     let mut scrape = None;
-    let mut scraper = None;
     if let Some(url) = config.metrics_uri()? {
         let cfg = ScrapeConfig::new(url, config.metrics_scrape_interval_s);
-        let c = Arc::new(ScrapeCounters::default());
         meter.enable_server_crosscheck(config.disagreement_threshold_pct);
-        scraper = Some(spawn_scraper(
-            cfg.clone(),
-            meter.clone(),
-            log_sink,
-            c.clone(),
-        ));
-        scrape = Some((cfg, c));
+        scrape = Some((cfg, Arc::new(ScrapeCounters::default())));
     }
     let stats = stats_router(
         meter.clone(),
@@ -197,7 +189,7 @@ pub async fn spawn(
             bearer_token: config.stats_token.as_ref().map(|s| s.0.clone()),
             access_log: counters.clone(),
             started: Clock::global().now(),
-            scrape,
+            scrape: scrape.clone(),
         },
     );
     let upstream = config.upstream_uri()?;
@@ -223,6 +215,15 @@ pub async fn spawn(
         observers,
         Duration::from_secs(config.meter.cold_start_idle_s),
     ));
+    let scraper = scrape.map(|(cfg, counters)| {
+        let m = meter.clone();
+        let mut sinks: Vec<SampleSink> = vec![Box::new(move |s| m.server_sample(s.clone()))];
+        if let Some(log) = log_sink {
+            sinks.push(Box::new(move |s| log.server_sample(Arc::new(s.clone()))));
+        }
+        let t = trackers.clone();
+        spawn_scraper(cfg, move || t.in_flight.current(), sinks, counters)
+    });
     let state = Arc::new(ProxyState {
         upstream_host: http::HeaderValue::from_str(authority.as_str())?,
         upstream_base,
@@ -494,22 +495,6 @@ pub async fn wait_for_shutdown_signal(on_hup: impl Fn()) {
             _ = term.recv() => return,
             _ = int.recv() => return,
             _ = hup.recv() => on_hup(),
-        }
-    }
-}
-
-impl Observer for MeterHandle {
-    fn started(&self, id: u64, now: UnixNanos, user: &Arc<str>, model: Option<&Arc<str>>) {
-        MeterHandle::started(self, id, now, user.clone(), model.cloned());
-    }
-
-    fn tokens(&self, id: u64, now: UnixNanos, completion_tokens: u64) {
-        MeterHandle::tokens(self, id, now, completion_tokens);
-    }
-
-    fn finished(&self, now: UnixNanos, record: &Arc<RequestRecord>, metered: bool) {
-        if record.is_generation() {
-            MeterHandle::finished(self, now, record.clone(), metered);
         }
     }
 }

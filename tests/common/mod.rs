@@ -242,33 +242,10 @@ async fn serve_conn(
     }
 }
 
-/// Closes a socket with RST instead of FIN.
+/// Closes a socket with RST instead of FIN (SO_LINGER with a zero timeout).
 pub fn socket2_linger_zero(s: std::net::TcpStream) -> std::net::TcpStream {
-    use std::os::fd::AsRawFd;
-    let linger = libc_linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    unsafe {
-        setsockopt(
-            s.as_raw_fd(),
-            1,  /* SOL_SOCKET */
-            13, /* SO_LINGER */
-            &linger as *const _ as *const _,
-            std::mem::size_of::<libc_linger>() as u32,
-        );
-    }
+    let _ = rustix::net::sockopt::set_socket_linger(&s, Some(std::time::Duration::ZERO));
     s
-}
-
-#[repr(C)]
-struct libc_linger {
-    l_onoff: i32,
-    l_linger: i32,
-}
-
-extern "C" {
-    fn setsockopt(fd: i32, level: i32, name: i32, value: *const std::ffi::c_void, len: u32) -> i32;
 }
 
 /// Reads one request (head and content-length body); None at EOF.
