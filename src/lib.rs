@@ -10,6 +10,7 @@ pub mod config;
 pub mod demo;
 pub mod dialect;
 pub mod error;
+pub mod exposition;
 pub mod itl;
 pub mod load;
 pub mod meter;

@@ -11,6 +11,8 @@ async fn tokenmeter(args: &[&str]) -> std::process::Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
         .args(args)
         .env_remove("TOKENMETER_API_KEY")
+        // A test that panics while waiting must not leave the process running.
+        .kill_on_drop(true)
         .output()
         .await
         .expect("spawn tokenmeter")

@@ -8,7 +8,7 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-fn serve_binary(args: &[&str]) -> (Child, SocketAddr) {
+fn serve_binary(args: &[&str]) -> (ChildGuard, SocketAddr) {
     let (child, addr, _log) = spawn_logged(
         Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
             .args(["serve", "--listen", "127.0.0.1:0"])

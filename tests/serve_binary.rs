@@ -20,7 +20,7 @@ fn tokenmeter() -> Command {
 fn start_serve(
     args: &[&str],
 ) -> (
-    Child,
+    ChildGuard,
     std::net::SocketAddr,
     std::sync::mpsc::Receiver<String>,
 ) {

@@ -236,7 +236,12 @@ pub async fn spawn(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut serving = Vec::new();
     for i in 0..serving_threads(&state.config) {
-        serving.push(serve_on_own_thread(i, state.clone(), stop_rx.clone())?);
+        serving.push(serve_on_own_thread(
+            i,
+            false,
+            state.clone(),
+            stop_rx.clone(),
+        )?);
     }
     let task = tokio::spawn(accept_loop(
         listener,
@@ -308,10 +313,11 @@ fn serving_threads(config: &ServeConfig) -> usize {
     }
 }
 
-/// A serving thread: where to hand it connections, and word of its end.
+/// A serving thread: where to hand it connections, word of its end, and the thread to join.
 struct ServingThread {
     conns: tokio::sync::mpsc::UnboundedSender<(std::net::TcpStream, SocketAddr)>,
     done: oneshot::Receiver<()>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 /// Serves the connections it is handed on a thread with a single-threaded runtime of its own, as
@@ -320,6 +326,7 @@ struct ServingThread {
 /// for about one streamed event in seven at 16 streams).
 fn serve_on_own_thread(
     index: usize,
+    replacement: bool,
     shared: Arc<ProxyState>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<ServingThread> {
@@ -328,23 +335,17 @@ fn serve_on_own_thread(
         .build()?;
     let (conns, mut incoming) = tokio::sync::mpsc::unbounded_channel();
     let (done, finished) = oneshot::channel();
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name(format!("tokenmeter-serve-{index}"))
         .spawn(move || {
             runtime.block_on(async move {
                 // Each thread pools its own upstream connections (a pooled connection's task
-                // lives on the runtime that opened it); the first uses the template's pool.
-                let state = if index == 0 {
+                // lives on the runtime that opened it); the first uses the template's pool, a
+                // replacement never (the pool's tasks died with the thread it replaces).
+                let state = if index == 0 && !replacement {
                     shared
                 } else {
-                    Arc::new(ProxyState {
-                        client: upstream_client(&shared.config),
-                        config: shared.config.clone(),
-                        upstream_base: shared.upstream_base.clone(),
-                        upstream_host: shared.upstream_host.clone(),
-                        trackers: shared.trackers.clone(),
-                        stats: shared.stats.clone(),
-                    })
+                    Arc::new(shared.with_pool(upstream_client(&shared.config)))
                 };
                 let builder = connection_builder(&state.config);
                 let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -387,6 +388,7 @@ fn serve_on_own_thread(
     Ok(ServingThread {
         conns,
         done: finished,
+        thread,
     })
 }
 
@@ -414,7 +416,7 @@ async fn accept_loop(
     listener: TcpListener,
     mut shutdown: oneshot::Receiver<()>,
     stop: tokio::sync::watch::Sender<bool>,
-    serving: Vec<ServingThread>,
+    mut serving: Vec<ServingThread>,
     state: Arc<ProxyState>,
     log: Option<Arc<AccessLogWriter>>,
     scraper: Option<tokio::task::JoinHandle<()>>,
@@ -435,8 +437,25 @@ async fn accept_loop(
                 };
                 let _ = stream.set_nodelay(true);
                 let Ok(stream) = stream.into_std() else { continue };
-                let _ = serving[next % serving.len()].conns.send((stream, remote));
+                let i = next % serving.len();
                 next = next.wrapping_add(1);
+                if let Err(refused) = serving[i].conns.send((stream, remote)) {
+                    // Its thread is gone (a panic outside any connection task): say so, start
+                    // a replacement, and hand this connection to it rather than close it.
+                    tracing::error!(thread = i, "a serving thread died; starting a replacement");
+                    match serve_on_own_thread(i, true, state.clone(), stop.subscribe()) {
+                        Ok(t) => {
+                            let _ = t.conns.send(refused.0);
+                            let dead = std::mem::replace(&mut serving[i], t);
+                            if let Err(panic) = dead.thread.join() {
+                                tracing::error!(thread = i, panic = ?panic.downcast_ref::<&str>(), "the dead serving thread panicked");
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(thread = i, error = %e, "cannot start a replacement serving thread; the connection is closed");
+                        }
+                    }
+                }
             }
         }
     }
@@ -453,6 +472,8 @@ async fn accept_loop(
     let _ = stop.send(true);
     for t in serving {
         let _ = t.done.await;
+        // It has sent `done` as its last act, so this returns at once.
+        let _ = t.thread.join();
     }
     if let Some(log) = log {
         log.close().await;

@@ -497,15 +497,38 @@ pub fn reset(stream: TcpStream) {
     drop(socket2_linger_zero(stream.into_std().unwrap()));
 }
 
-/// Starts a tokenmeter process; returns it, the address of its "listening on" line, and its
-/// further stderr lines.
+/// A spawned process that is killed (and reaped) when dropped, so a test that panics never leaves
+/// a server running on the machine. Derefs to the [`std::process::Child`].
+pub struct ChildGuard(pub std::process::Child);
+
+impl std::ops::Deref for ChildGuard {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ChildGuard {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        // Already waited for: nothing to do (kill on a reaped child is a no-op).
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Starts a tokenmeter process; returns it (killed when dropped), the address of its
+/// "listening on" line, and its further stderr lines.
 pub fn spawn_logged(
     cmd: &mut std::process::Command,
-) -> (
-    std::process::Child,
-    SocketAddr,
-    std::sync::mpsc::Receiver<String>,
-) {
+) -> (ChildGuard, SocketAddr, std::sync::mpsc::Receiver<String>) {
     use std::io::BufRead;
     let mut child = cmd
         .stderr(std::process::Stdio::piped())
@@ -535,5 +558,5 @@ pub fn spawn_logged(
                 .unwrap();
         }
     };
-    (child, addr, rx)
+    (ChildGuard(child), addr, rx)
 }
