@@ -7,6 +7,9 @@
 //! dashboard_browser -- --ignored --nocapture`. With `TOKENMETER_SCREENSHOT=path` the screenshot
 //! is copied there (the README's picture, `docs/dashboard.png`, comes from this test).
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod monitoring_support;
 
 use std::net::SocketAddr;
@@ -25,7 +28,10 @@ async fn relay(admin: SocketAddr, seen: Seen) -> SocketAddr {
     let app = axum::Router::new().fallback(move |uri: Uri| {
         let seen = seen.clone();
         async move {
-            let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+            let path = uri
+                .path_and_query()
+                .map(axum::http::uri::PathAndQuery::as_str)
+                .unwrap_or("/");
             let (status, body) = get(admin, path).await;
             let kind = if uri.path() == "/" {
                 "text/html; charset=utf-8"

@@ -10,6 +10,9 @@
 //! Needs Prometheus (`.ci/run` installs the Debian package):
 //! `cargo test --release --test monitoring_prometheus -- --ignored --nocapture`.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod monitoring_support;
 
 use std::collections::BTreeSet;

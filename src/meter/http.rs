@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 
 use crate::access_log::AccessLogCounters;
 use crate::clock::{Clock, UnixNanos, NANOS_PER_SEC};
+use crate::error::{error_body, kind};
 
 use super::live::MeterHandle;
 use super::process::ProcessStats;
@@ -81,18 +82,14 @@ fn stats_routes() -> Router<Arc<AppState>> {
         .route("/stats/timeline", get(timeline))
 }
 
-/// An OpenAI-shaped error response.
-fn error(
-    status: StatusCode,
-    message: &str,
-    kind: &str,
-    param: Option<&str>,
-    code: Option<&str>,
-) -> Response {
-    let body = serde_json::json!({
-        "error": { "message": message, "type": kind, "param": param, "code": code }
-    });
-    (status, Json(body)).into_response()
+/// An error answer in the proxy's one vocabulary ([`crate::error`]).
+fn error(status: StatusCode, message: &str, kind: &str, param: Option<&str>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        error_body(status, kind, message, param),
+    )
+        .into_response()
 }
 
 /// Checks the bearer token, comparing SHA-256 digests in constant time (the length of the
@@ -118,9 +115,8 @@ fn unauthorized() -> Response {
     error(
         StatusCode::UNAUTHORIZED,
         "missing or invalid bearer token for the stats endpoints",
-        "invalid_request_error",
+        kind::AUTHENTICATION,
         None,
-        Some("invalid_api_key"),
     )
 }
 
@@ -152,8 +148,8 @@ async fn stats(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: Uri)
     let query = match parse_query(&uri) {
         Ok(q) => q,
         Err((msg, param)) => {
-            let kind = "invalid_request_error";
-            return error(StatusCode::BAD_REQUEST, &msg, kind, param.as_deref(), None);
+            let k = kind::BAD_REQUEST;
+            return error(StatusCode::BAD_REQUEST, &msg, k, param.as_deref());
         }
     };
     let now = Clock::global().now();
@@ -174,15 +170,13 @@ async fn stats(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: Uri)
         Err(e @ SnapshotError::UnknownWindow { .. }) => error(
             StatusCode::BAD_REQUEST,
             &e.to_string(),
-            "invalid_request_error",
+            kind::BAD_REQUEST,
             Some("window"),
-            None,
         ),
         Err(e) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             &e.to_string(),
-            "server_error",
-            None,
+            kind::SERVICE_UNAVAILABLE,
             None,
         ),
     }
@@ -224,13 +218,7 @@ async fn timeline(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: U
         return unauthorized();
     }
     let bad = |msg: String, param: Option<&str>| {
-        error(
-            StatusCode::BAD_REQUEST,
-            &msg,
-            "invalid_request_error",
-            param,
-            None,
-        )
+        error(StatusCode::BAD_REQUEST, &msg, kind::BAD_REQUEST, param)
     };
     let pairs = match Query::<Vec<(String, String)>>::try_from_uri(&uri) {
         Ok(Query(p)) => p,
@@ -260,8 +248,7 @@ async fn timeline(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: U
         Err(e) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             &e.to_string(),
-            "server_error",
-            None,
+            kind::SERVICE_UNAVAILABLE,
             None,
         ),
     }

@@ -6,41 +6,31 @@
 //! that look alike but measure different things would silently mix in a query. Histogram
 //! bucket bounds follow the shape of vLLM's so the two can be compared bucket by bucket.
 //!
-//! Labels are bounded: `model` (at most [`MAX_TRACKED_MODELS`] names, then `"other"`),
-//! `outcome` (six values) and, only with `metrics_user_label`, `user` on the counters (at most
-//! `max_tracked_users` names ever, then `"other"`; histograms never carry `user`). Only
-//! generation requests are counted. Series never disappear, so counters stay monotonic.
+//! Labels are bounded: `model` (at most [`MAX_TRACKED_MODELS`] names, then `"other"`), `api`
+//! (the four generation APIs, on the counters of finished requests), `outcome` (six values),
+//! `status` (five classes) and, only with `metrics_user_label`, `user` on the counters (at most
+//! `max_tracked_users` names ever, then `"other"`; histograms never carry `user`). The live
+//! token counters carry `model` (and `user`) only: they are fed from the request's start, before
+//! the record that names its API exists. Only generation requests are counted. Series never
+//! disappear, so counters stay monotonic.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 use std::sync::Arc;
 
+use crate::dialect::Api;
+use crate::exposition::{
+    escape_label as escape, header, REQUEST_BUCKETS as E2E_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS,
+};
+use crate::itl::VLLM_ITL_BOUNDS_S;
 use crate::record::{Outcome, RequestRecord};
 
+use super::labels::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
 use super::snapshot::AccessLogView;
 
-use super::engine::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
-
-/// TTFT bucket upper bounds, seconds.
-pub const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-];
 /// First-byte bucket upper bounds, seconds: the TTFT bounds (the first byte usually comes with
 /// the response headers, long before the first token, so the low end matters as much).
 pub const FIRST_BYTE_BUCKETS: &[f64] = TTFT_BUCKETS;
-/// TPOT bucket upper bounds, seconds. Below vLLM's 10 ms floor the bounds go down to 1 ms: a fast
-/// decoder at low concurrency spends 3 to 8 ms per token, and one bucket for all of it said nothing.
-pub const TPOT_BUCKETS: &[f64] = &[
-    0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04,
-    0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-    160.0, 640.0,
-];
-/// End-to-end latency bucket upper bounds, seconds.
-pub const E2E_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-    480.0, 960.0, 1920.0, 7680.0,
-];
 
 /// Values of the `status` label: the class of the status sent to the client, `none` when none
 /// was sent (the client left first, or the proxy failed before an answer).
@@ -114,18 +104,27 @@ impl LiveCounter {
     }
 }
 
-/// The counters of one `(model, user)` label set.
+/// The live counters of one `(model, user)` label set.
 #[derive(Debug, Clone, Default)]
 struct Counters {
-    /// Finished requests by outcome and status class.
-    outcomes: [[u64; 5]; 6],
     /// Prompt tokens: at the first streamed usage that carries them, else at the end.
     prompt: LiveCounter,
     /// Generated tokens, as they stream.
     generation: LiveCounter,
-    /// Completion tokens counted when requests finish (the exposition before live counting).
-    completion_at_finish: u64,
 }
+
+/// The counters of finished requests of one `(model, api, user)` label set.
+#[derive(Debug, Clone, Default)]
+struct Finished {
+    /// Finished requests by outcome and status class.
+    outcomes: [[u64; 5]; 6],
+    /// Completion tokens counted when requests finish (the exposition before live counting).
+    completion: u64,
+}
+
+/// Series key of the counters of finished requests: model, API, and the user when the user
+/// label is on.
+type FinishedKey = (Arc<str>, Api, Option<Arc<str>>);
 
 #[derive(Debug, Clone)]
 struct Hists {
@@ -133,6 +132,7 @@ struct Hists {
     tpot: FixedHist,
     e2e: FixedHist,
     first_byte: FixedHist,
+    itl: FixedHist,
 }
 
 /// A label set's place in [`PromState`]: open requests keep it so a streamed event costs one
@@ -149,6 +149,7 @@ pub struct PromState {
     slots: HashMap<(Arc<str>, Option<Arc<str>>), Slot>,
     keys: Vec<(Arc<str>, Option<Arc<str>>)>,
     counters: Vec<Counters>,
+    finished: HashMap<FinishedKey, Finished>,
     hists: HashMap<Arc<str>, Hists>,
 }
 
@@ -178,6 +179,7 @@ impl PromState {
             slots: HashMap::new(),
             keys: Vec::new(),
             counters: Vec::new(),
+            finished: HashMap::new(),
             hists: HashMap::new(),
         }
     }
@@ -232,21 +234,37 @@ impl PromState {
         let Some(c) = self.counters.get_mut(slot) else {
             return;
         };
-        if let Some(i) = Outcome::ALL.iter().position(|o| *o == r.outcome) {
-            c.outcomes[i][status_class(r.status)] += 1;
-        }
         let completion = r.completion_tokens.unwrap_or(0);
         c.generation.settle(live_completion, completion);
         c.prompt
             .settle(live_prompt, r.prompt_tokens.unwrap_or(live_prompt));
-        c.completion_at_finish += completion;
-        let model = self.keys[slot].0.clone();
+        let (model, user) = self.keys[slot].clone();
+        // Only generation requests reach here; a record read back without `api` is known by its
+        // path.
+        let api = r
+            .api
+            .or_else(|| crate::dialect::detect(&r.path))
+            .unwrap_or(Api::Chat);
+        let f = self.finished.entry((model.clone(), api, user)).or_default();
+        if let Some(i) = Outcome::ALL.iter().position(|o| *o == r.outcome) {
+            f.outcomes[i][status_class(r.status)] += 1;
+        }
+        f.completion += completion;
         let h = self.hists.entry(model).or_insert_with(|| Hists {
             ttft: FixedHist::new(TTFT_BUCKETS),
             tpot: FixedHist::new(TPOT_BUCKETS),
             e2e: FixedHist::new(E2E_BUCKETS),
             first_byte: FixedHist::new(FIRST_BYTE_BUCKETS),
+            itl: FixedHist::new(&VLLM_ITL_BOUNDS_S),
         });
+        if let Some(itl) = &r.itl {
+            // The request's own counts per vLLM bucket: exact, no re-binning.
+            for (slot, n) in h.itl.counts.iter_mut().zip(itl.vllm_buckets().iter()) {
+                *slot += u64::from(*n);
+            }
+            h.itl.count += u64::from(itl.count());
+            h.itl.sum += itl.sum_s();
+        }
         let secs = |ms: Option<f64>| ms.map(|v| v / 1e3);
         for (hist, bounds, v) in [
             (&mut h.ttft, TTFT_BUCKETS, r.ttft_ms),
@@ -269,16 +287,27 @@ impl PromState {
             (model, Some(u)) => format!("model=\"{}\",user=\"{}\"", escape(model), escape(u)),
             (model, None) => format!("model=\"{}\"", escape(model)),
         };
+        let mut fkeys: Vec<&FinishedKey> = self.finished.keys().collect();
+        fkeys.sort();
+        let flabels = |(model, api, user): &FinishedKey| match user {
+            Some(u) => format!(
+                "model=\"{}\",api=\"{}\",user=\"{}\"",
+                escape(model),
+                api.as_str(),
+                escape(u)
+            ),
+            None => format!("model=\"{}\",api=\"{}\"", escape(model), api.as_str()),
+        };
         header(
             &mut out,
             "tokenmeter_requests_total",
             "counter",
             "Generation requests finished, by outcome and class of the status sent to the client.",
         );
-        for &s in &order {
-            let c = &self.counters[s];
-            let l = labels(s);
-            for (o, by_status) in Outcome::ALL.iter().zip(&c.outcomes) {
+        for k in &fkeys {
+            let f = &self.finished[*k];
+            let l = flabels(k);
+            for (o, by_status) in Outcome::ALL.iter().zip(&f.outcomes) {
                 for (class, n) in STATUS_CLASSES.iter().zip(by_status) {
                     // A series appears with its first request and stays.
                     if *n > 0 {
@@ -291,36 +320,46 @@ impl PromState {
                 }
             }
         }
-        for (name, help, pick) in [
+        for (name, help, generation) in [
             (
                 "tokenmeter_generation_tokens_total",
                 "Generated tokens as they stream past the proxy, settled to usage when each \
                  request ends (compare with vllm:generation_tokens_total).",
-                0,
+                true,
             ),
             (
                 "tokenmeter_prompt_tokens_total",
-                "Prompt tokens, from the first streamed usage that carries them, else from the \
-                 final usage (compare with vllm:prompt_tokens_total).",
-                1,
-            ),
-            (
-                "tokenmeter_completion_tokens_total",
-                "Completion tokens counted when requests finish (usage, else counted); moves in \
-                 steps at each request's end: for rates use tokenmeter_generation_tokens_total.",
-                2,
+                "Prompt tokens, from the first output event once a usage gave them, else from \
+                 the final usage (compare with vllm:prompt_tokens_total).",
+                false,
             ),
         ] {
             header(&mut out, name, "counter", help);
             for &s in &order {
                 let c = &self.counters[s];
-                let v = match pick {
-                    0 => c.generation.value,
-                    1 => c.prompt.value,
-                    _ => c.completion_at_finish,
+                let v = if generation {
+                    c.generation.value
+                } else {
+                    c.prompt.value
                 };
                 let _ = writeln!(out, "{name}{{{}}} {v}", labels(s));
             }
+        }
+        let name = "tokenmeter_completion_tokens_total";
+        header(
+            &mut out,
+            name,
+            "counter",
+            "Completion tokens counted when requests finish (usage, else counted); moves in \
+             steps at each request's end: for rates use tokenmeter_generation_tokens_total.",
+        );
+        for k in &fkeys {
+            let _ = writeln!(
+                out,
+                "{name}{{{}}} {}",
+                flabels(k),
+                self.finished[*k].completion
+            );
         }
         let mut models: Vec<_> = self.hists.keys().collect();
         models.sort();
@@ -349,11 +388,17 @@ impl PromState {
                 FIRST_BYTE_BUCKETS,
                 3,
             ),
+            (
+                "tokenmeter_inter_token_latency_seconds",
+                "Gaps between output-carrying events (vllm bench serve's ITL), seconds; vLLM's bounds.",
+                &VLLM_ITL_BOUNDS_S[..],
+                4,
+            ),
         ] {
             header(&mut out, name, "histogram", help);
             for m in &models {
                 let hs = &self.hists[*m];
-                let h = [&hs.ttft, &hs.tpot, &hs.e2e, &hs.first_byte][pick];
+                let h = [&hs.ttft, &hs.tpot, &hs.e2e, &hs.first_byte, &hs.itl][pick];
                 let m = escape(m);
                 let mut cum = 0;
                 for (b, n) in bounds.iter().zip(&h.counts) {
@@ -467,15 +512,4 @@ pub fn render_self(out: &mut String, m: &SelfMetrics) {
         );
         let _ = writeln!(out, "process_start_time_seconds {}", p.start_time_s);
     }
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-/// Escapes a label value: backslash, double quote and newline.
-pub fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }

@@ -142,7 +142,7 @@ async fn send(addr: SocketAddr, user: &str, body: &str, deadline: Instant) -> u6
                 got += buf[..k]
                     .windows(11)
                     .filter(|w| w == b"\"content\":\"")
-                    .count() as u64
+                    .count() as u64;
             }
             _ => return got,
         }
