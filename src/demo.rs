@@ -111,8 +111,9 @@ async fn agent(proxy: SocketAddr, index: usize) {
             .collect();
         let stream = rng.gen_bool(0.7);
         let max_tokens = rng.gen_range(20..300);
-        let body = api.body("sim-model", &prompt, max_tokens, stream, false, None);
-        let mut req = http::Request::post(format!("http://{proxy}{}", api.path()))
+        let body =
+            crate::load::api::body(api, "sim-model", &prompt, max_tokens, stream, false, None);
+        let mut req = http::Request::post(format!("http://{proxy}{}", crate::load::api::path(api)))
             .header("content-type", "application/json")
             .header("x-tokenmeter-user", &user);
         if api == Api::Messages {

@@ -1,108 +1,87 @@
-//! The generation API a load run speaks (`--api`): its route, its request body, how a client of it
-//! sends its key, and how its answers say what was generated.
+//! What a load run needs to speak each generation API (`--api`): the route, the request body, how
+//! its clients send their key. Reading the answers is the proxy's own dialect layer
+//! ([`crate::dialect`]), so load and the proxy read every API alike.
 //!
-//! Per API, what counts (see [`read_event`] and [`body_usage`]):
+//! Per API, what load takes from it (see [`read_event`]):
 //!
-//! | API | TTFT event | output events | usage |
-//! |---|---|---|---|
-//! | chat, completions | first event with non-empty `choices` (as `vllm bench serve`) | choices with text, reasoning or tool calls | the final `usage` (`stream_options.include_usage` is sent) |
-//! | responses | first `response.output_text.delta`, `response.reasoning_text.delta` or `response.function_call_arguments.delta` | the same events | `response.completed`'s `response.usage` (`input_tokens`, `output_tokens`) |
-//! | messages | first `content_block_delta` | the same events | `message_start`'s `message.usage.input_tokens`, the last `message_delta`'s `usage.output_tokens` |
-//!
-//! Errors inside a 200 stream: an `error` object (chat, completions), `error` / `response.failed`
-//! events (Responses), an `error` event (Messages).
+//! | API | TTFT event | usage |
+//! |---|---|---|
+//! | chat, completions | first event with non-empty `choices` (as `vllm bench serve`) | the final `usage` (`stream_options.include_usage` is sent) |
+//! | responses | first event with generated output (`response.output_text.delta`, reasoning or function-call argument deltas) | `response.completed`'s `response.usage` |
+//! | messages | first `content_block_delta` with output | `message_start`'s `input_tokens`, the last `message_delta`'s `output_tokens` |
 
-use serde::Deserialize;
+pub use crate::dialect::Api;
 
-use super::event::{error_text, parse_event, StreamEvent, Usage};
+use super::event::{error_text, Usage};
 
-/// Which generation API a load run speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Api {
-    /// `POST /v1/chat/completions`.
-    #[default]
-    Chat,
-    /// `POST /v1/completions`.
-    Completions,
-    /// `POST /v1/responses` (OpenAI Responses API).
-    Responses,
-    /// `POST /v1/messages` (Anthropic Messages API).
-    Messages,
+/// `--api`'s parser: an API by its name.
+pub fn parse_api(s: &str) -> Result<Api, String> {
+    Api::ALL
+        .into_iter()
+        .find(|a| a.as_str() == s)
+        .ok_or_else(|| format!("unknown API {s:?}: chat, completions, responses or messages"))
 }
 
-impl Api {
-    /// The route requests go to.
-    pub fn path(self) -> &'static str {
-        match self {
-            Api::Chat => "/v1/chat/completions",
-            Api::Completions => "/v1/completions",
-            Api::Responses => "/v1/responses",
-            Api::Messages => "/v1/messages",
-        }
+/// The route requests of `api` go to.
+pub fn path(api: Api) -> &'static str {
+    match api {
+        Api::Chat => "/v1/chat/completions",
+        Api::Completions => "/v1/completions",
+        Api::Responses => "/v1/responses",
+        Api::Messages => "/v1/messages",
     }
+}
 
-    /// The name `--api` takes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Api::Chat => "chat",
-            Api::Completions => "completions",
-            Api::Responses => "responses",
-            Api::Messages => "messages",
-        }
-    }
+/// Anthropic clients send their key as `x-api-key` (with `anthropic-version`); the others as
+/// `Authorization: Bearer`.
+pub fn key_in_x_api_key(api: Api) -> bool {
+    api == Api::Messages
+}
 
-    /// Anthropic clients send their key as `x-api-key` (with `anthropic-version`); the others as
-    /// `Authorization: Bearer`.
-    pub fn key_in_x_api_key(self) -> bool {
-        self == Api::Messages
+/// The JSON body of one request: one user message (or prompt) of `prompt`, the output limit
+/// under this API's name, streamed or not. Chat and completions streams ask for usage.
+pub fn body(
+    api: Api,
+    model: &str,
+    prompt: &str,
+    max_tokens: u32,
+    stream: bool,
+    ignore_eos: bool,
+    user: Option<&str>,
+) -> Vec<u8> {
+    let mut body = match api {
+        Api::Chat => serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+        }),
+        Api::Completions => serde_json::json!({
+            "model": model, "prompt": prompt, "max_tokens": max_tokens,
+        }),
+        Api::Responses => serde_json::json!({
+            "model": model, "input": prompt, "max_output_tokens": max_tokens,
+        }),
+        Api::Messages => serde_json::json!({
+            "model": model,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": prompt}],
+        }),
+    };
+    body["stream"] = serde_json::Value::Bool(stream);
+    if stream && matches!(api, Api::Chat | Api::Completions) {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
     }
-
-    /// The JSON body of one request: one user message (or prompt) of `prompt`, the output limit
-    /// under this API's name, streamed or not. Chat and completions streams ask for usage.
-    pub fn body(
-        self,
-        model: &str,
-        prompt: &str,
-        max_tokens: u32,
-        stream: bool,
-        ignore_eos: bool,
-        user: Option<&str>,
-    ) -> Vec<u8> {
-        let mut body = match self {
-            Api::Chat => serde_json::json!({
-                "model": model,
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": max_tokens,
-            }),
-            Api::Completions => serde_json::json!({
-                "model": model, "prompt": prompt, "max_tokens": max_tokens,
-            }),
-            Api::Responses => serde_json::json!({
-                "model": model, "input": prompt, "max_output_tokens": max_tokens,
-            }),
-            Api::Messages => serde_json::json!({
-                "model": model,
-                "max_tokens": max_tokens,
-                "messages": [{"role": "user", "content": prompt}],
-            }),
-        };
-        body["stream"] = serde_json::Value::Bool(stream);
-        if stream && matches!(self, Api::Chat | Api::Completions) {
-            body["stream_options"] = serde_json::json!({"include_usage": true});
+    if let Some(u) = user {
+        // Anthropic's field for an end-user id is `metadata.user_id`.
+        match api {
+            Api::Messages => body["metadata"] = serde_json::json!({"user_id": u}),
+            _ => body["user"] = serde_json::Value::from(u),
         }
-        if let Some(u) = user {
-            // Anthropic's field for an end-user id is `metadata.user_id`.
-            match self {
-                Api::Messages => body["metadata"] = serde_json::json!({"user_id": u}),
-                _ => body["user"] = serde_json::Value::from(u),
-            }
-        }
-        if ignore_eos {
-            body["ignore_eos"] = serde_json::Value::Bool(true);
-        }
-        serde_json::to_vec(&body).unwrap_or_default()
     }
+    if ignore_eos {
+        body["ignore_eos"] = serde_json::Value::Bool(true);
+    }
+    serde_json::to_vec(&body).unwrap_or_default()
 }
 
 /// What one streamed event says, in any API.
@@ -110,13 +89,13 @@ impl Api {
 pub struct EventRead {
     /// This event starts TTFT (see the module table).
     pub ttft: bool,
-    /// Output-carrying items in it (choices with output, or 1 for a delta event).
+    /// Pieces of generated output in it.
     pub output: u32,
     /// Prompt tokens it reports.
     pub prompt_tokens: Option<u64>,
     /// Completion tokens it reports (cumulative where the API sends them so).
     pub completion_tokens: Option<u64>,
-    /// An error it carries.
+    /// The message of an error it carries.
     pub error: Option<String>,
 }
 
@@ -136,120 +115,43 @@ impl EventRead {
     }
 }
 
-#[derive(Deserialize)]
-struct TypedUsage {
-    #[serde(default)]
-    input_tokens: Option<u64>,
-    #[serde(default)]
-    output_tokens: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct Holder {
-    #[serde(default)]
-    usage: Option<TypedUsage>,
-    #[serde(default)]
-    error: Option<serde_json::Value>,
-}
-
-/// The fields of a Responses or Messages event that load reads; the rest is skipped.
-#[derive(Deserialize)]
-struct TypedEvent<'a> {
-    #[serde(borrow, rename = "type")]
-    kind: std::borrow::Cow<'a, str>,
-    #[serde(default)]
-    response: Option<Holder>,
-    /// Messages' `message` object (`message_start`), or a Responses `error` event's text.
-    #[serde(default)]
-    message: Option<serde_json::Value>,
-    #[serde(default)]
-    usage: Option<TypedUsage>,
-    #[serde(default)]
-    error: Option<serde_json::Value>,
-}
-
 /// Reads one event's `data` payload of an `api` stream.
 pub fn read_event(api: Api, data: &[u8]) -> EventRead {
-    match api {
-        Api::Chat | Api::Completions => match parse_event(data) {
-            StreamEvent::Chunk {
-                has_choices,
-                content_choices,
-                usage,
-            } => EventRead {
-                ttft: has_choices,
-                output: content_choices,
-                prompt_tokens: usage.and_then(|u| u.prompt_tokens),
-                completion_tokens: usage.and_then(|u| u.completion_tokens),
-                error: None,
-            },
-            StreamEvent::Error(e) => EventRead {
-                error: Some(e),
-                ..EventRead::default()
-            },
-            StreamEvent::Done | StreamEvent::Unparsable => EventRead::default(),
+    let data = data.trim_ascii();
+    let Some(s) = api.dialect().event(data) else {
+        return EventRead::default();
+    };
+    EventRead {
+        ttft: match api {
+            Api::Chat | Api::Completions => s.choices > 0,
+            Api::Responses | Api::Messages => s.output > 0,
         },
-        Api::Responses | Api::Messages => {
-            let Ok(mut ev) = serde_json::from_slice::<TypedEvent<'_>>(data.trim_ascii()) else {
-                return EventRead::default();
-            };
-            let mut r = EventRead::default();
-            match ev.kind.as_ref() {
-                "response.output_text.delta"
-                | "response.reasoning_text.delta"
-                | "response.function_call_arguments.delta"
-                | "content_block_delta" => {
-                    r.ttft = true;
-                    r.output = 1;
-                }
-                "error" | "response.failed" => {
-                    // `error` carries it; `response.failed` holds it in `response.error`.
-                    let inner = ev.response.as_mut().and_then(|h| h.error.take());
-                    let v = ev
-                        .error
-                        .take()
-                        .or(inner)
-                        .or_else(|| ev.message.take().filter(serde_json::Value::is_string))
-                        .unwrap_or_else(|| serde_json::Value::from(ev.kind.as_ref()));
-                    r.error = Some(error_text(&v));
-                }
-                _ => {}
-            }
-            let from_message =
-                ev.message
-                    .as_ref()
-                    .and_then(|m| m.get("usage"))
-                    .map(|u| TypedUsage {
-                        input_tokens: u.get("input_tokens").and_then(serde_json::Value::as_u64),
-                        output_tokens: u.get("output_tokens").and_then(serde_json::Value::as_u64),
-                    });
-            let usage = ev
-                .response
-                .and_then(|h| h.usage)
-                .or(from_message)
-                .or(ev.usage);
-            if let Some(u) = usage {
-                r.prompt_tokens = u.input_tokens;
-                // message_start's output_tokens (0) is no count yet; message_delta's is.
-                if ev.kind != "message_start" {
-                    r.completion_tokens = u.output_tokens;
-                }
-            }
-            r
-        }
+        output: s.output,
+        prompt_tokens: s.usage.and_then(|u| u.input),
+        completion_tokens: s.usage.and_then(|u| u.output),
+        error: s.error.then(|| error_message(data)),
+    }
+}
+
+/// The message of an error event (rare: the tree is built only here): chat's and Anthropic's
+/// `error.message`, a Responses `error` event's `message`, `response.failed`'s
+/// `response.error.message`.
+fn error_message(data: &[u8]) -> String {
+    let v: serde_json::Value = serde_json::from_slice(data).unwrap_or_default();
+    match v.get("response").map(|r| &r["error"]) {
+        Some(e) if !e.is_null() => error_text(e),
+        _ => error_text(&v),
     }
 }
 
 /// The usage of a non-streamed `api` answer.
-pub fn body_usage(api: Api, body: &serde_json::Value) -> Option<Usage> {
-    let u = body.get("usage")?;
-    match api {
-        Api::Chat | Api::Completions => serde_json::from_value(u.clone()).ok(),
-        Api::Responses | Api::Messages => Some(Usage {
-            prompt_tokens: u.get("input_tokens").and_then(serde_json::Value::as_u64),
-            completion_tokens: u.get("output_tokens").and_then(serde_json::Value::as_u64),
-        }),
-    }
+pub fn body_usage(api: Api, body: &[u8]) -> Option<Usage> {
+    let u = api.dialect().body(body)?.usage?;
+    Some(Usage {
+        prompt_tokens: u.input,
+        completion_tokens: u.output,
+        ..Usage::default()
+    })
 }
 
 #[cfg(test)]
@@ -271,8 +173,7 @@ mod tests {
             read_event(Api::Responses, failed).error.as_deref(),
             Some("boom")
         );
-        let failed =
-            br#"{"type":"response.failed","response":{"error":{"code":"c","message":"gone"}}}"#;
+        let failed = br#"{"type":"response.failed","response":{"status":"failed","error":{"code":"c","message":"gone"}}}"#;
         assert_eq!(
             read_event(Api::Responses, failed).error.as_deref(),
             Some("gone")
@@ -288,7 +189,7 @@ mod tests {
             usage,
             Some(Usage {
                 prompt_tokens: Some(12),
-                completion_tokens: None
+                ..Usage::default()
             })
         );
         let block = br#"{"type":"content_block_start","content_block":{"type":"text","text":""},"index":0}"#;
@@ -307,9 +208,18 @@ mod tests {
     }
 
     #[test]
+    fn chat_role_event_starts_ttft_without_output() {
+        let role = br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
+        let r = read_event(Api::Chat, role);
+        assert!(r.ttft && r.output == 0);
+        let err = br#"{"error":{"message":"boom","type":"x"}}"#;
+        assert_eq!(read_event(Api::Chat, err).error.as_deref(), Some("boom"));
+    }
+
+    #[test]
     fn bodies_name_the_limit_per_api() {
         let v = |api: Api| -> serde_json::Value {
-            serde_json::from_slice(&api.body("m", "p", 7, true, false, Some("u"))).unwrap()
+            serde_json::from_slice(&body(api, "m", "p", 7, true, false, Some("u"))).unwrap()
         };
         assert_eq!(v(Api::Chat)["stream_options"]["include_usage"], true);
         assert_eq!(v(Api::Responses)["max_output_tokens"], 7);
@@ -317,24 +227,22 @@ mod tests {
         assert_eq!(v(Api::Messages)["max_tokens"], 7);
         assert_eq!(v(Api::Messages)["metadata"]["user_id"], "u");
         assert_eq!(v(Api::Completions)["prompt"], "p");
+        assert_eq!(parse_api("messages"), Ok(Api::Messages));
+        assert!(parse_api("grpc").is_err());
     }
 
     #[test]
     fn non_streamed_usage_per_api() {
-        let b: serde_json::Value =
-            serde_json::from_str(r#"{"usage":{"input_tokens":3,"output_tokens":4}}"#).unwrap();
+        let b = br#"{"id":"x","type":"message","content":[{"type":"text","text":"a"}],"usage":{"input_tokens":3,"output_tokens":4}}"#;
         assert_eq!(
-            body_usage(Api::Messages, &b),
+            body_usage(Api::Messages, b),
             Some(Usage {
                 prompt_tokens: Some(3),
-                completion_tokens: Some(4)
+                completion_tokens: Some(4),
+                ..Usage::default()
             })
         );
-        let c: serde_json::Value =
-            serde_json::from_str(r#"{"usage":{"prompt_tokens":3,"completion_tokens":4}}"#).unwrap();
-        assert_eq!(
-            body_usage(Api::Chat, &c).unwrap().completion_tokens,
-            Some(4)
-        );
+        let c = br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#;
+        assert_eq!(body_usage(Api::Chat, c).unwrap().completion_tokens, Some(4));
     }
 }

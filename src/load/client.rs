@@ -111,11 +111,11 @@ impl HttpClient {
         let mut b = http::Request::builder()
             .method(method)
             .uri(format!("{}{}", self.base, path));
-        if api.key_in_x_api_key() {
+        if api::key_in_x_api_key(api) {
             b = b.header("anthropic-version", "2023-06-01");
         }
         match &self.api_key {
-            Some(key) if api.key_in_x_api_key() => b = b.header("x-api-key", key.as_str()),
+            Some(key) if api::key_in_x_api_key(api) => b = b.header("x-api-key", key.as_str()),
             Some(key) => b = b.header(http::header::AUTHORIZATION, format!("Bearer {key}")),
             None => {}
         }
@@ -167,7 +167,8 @@ impl HttpClient {
         live_events: &AtomicU64,
     ) -> RequestResult {
         let mut p = Partial::default();
-        let body = spec.api.body(
+        let body = api::body(
+            spec.api,
             &spec.model,
             &spec.prompt,
             spec.max_tokens,
@@ -176,7 +177,7 @@ impl HttpClient {
             self.user.as_deref(),
         );
         let req = self
-            .request_as(http::Method::POST, spec.api.path(), spec.api)
+            .request_as(http::Method::POST, api::path(spec.api), spec.api)
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)));
         let start = Instant::now();
@@ -221,7 +222,7 @@ impl HttpClient {
                     None => String::from_utf8_lossy(&bytes).into_owned(),
                 });
             }
-            p.usage = json.as_ref().and_then(|v| api::body_usage(spec.api, v));
+            p.usage = api::body_usage(spec.api, &bytes);
             return Ok(());
         }
         p.sse = true;

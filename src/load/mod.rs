@@ -77,7 +77,7 @@ pub struct LoadArgs {
     pub duration: Duration,
     /// The generation API to speak: chat, completions, responses (OpenAI Responses) or messages
     /// (Anthropic Messages, key sent as x-api-key).
-    #[arg(long, value_enum, default_value_t = Api::Chat)]
+    #[arg(long, value_parser = api::parse_api, default_value = "chat")]
     pub api: Api,
     /// Stream responses (the default).
     #[arg(long, overrides_with = "no_stream")]
