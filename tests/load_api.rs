@@ -2,6 +2,9 @@
 //! counts are exact. Each request's tokens come from its API's own usage, TTFT from its first output
 //! event, and the run's tokens equal what the simulator generated.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use tokenmeter::load::{run, Api, LoadOptions, TokensFrom};

@@ -4,6 +4,9 @@
 //! order and types (ids, numbers and texts aside), usage placement, error bodies byte for byte. The
 //! usage each answer reports is the engine's own count (`vllm:generation_tokens_total`).
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod sim_support;
 
 use serde_json::Value;
