@@ -46,6 +46,9 @@ pub struct ServeConfig {
     pub stats_token: Option<Secret>,
     /// Ask the upstream for usage on streams that did not, and hide it from the client.
     pub inject_stream_usage: bool,
+    /// Per API: send non-streamed generation requests upstream as streams, measure their TTFT,
+    /// and answer with the JSON the client asked for (off by default).
+    pub ttft_for_non_streamed: crate::fold::UpgradeConfig,
     /// Measure and meter responses; off makes tokenmeter a plain pass-through (for benchmarks).
     pub metering: bool,
     /// Largest request head (request line and headers) accepted; larger gets 431.
@@ -85,6 +88,7 @@ impl Default for ServeConfig {
             admin_listen: None,
             stats_token: None,
             inject_stream_usage: true,
+            ttft_for_non_streamed: crate::fold::UpgradeConfig::default(),
             metering: true,
             max_header_bytes: 64 * 1024,
             max_request_body_bytes: 64 * 1024 * 1024,

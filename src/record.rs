@@ -127,6 +127,14 @@ pub struct RequestRecord {
     pub first_byte_ms: Option<f64>,
     /// Milliseconds from arrival to the first SSE event with a non-empty `choices` array.
     pub ttft_ms: Option<f64>,
+    /// How `ttft_ms` was obtained: `"stream"` (the client's stream), `"upstream_stream"` (a
+    /// non-streamed request the proxy sent upstream as a stream); `null` when there is no TTFT.
+    #[serde(default)]
+    pub ttft_source: Option<String>,
+    /// Why a non-streamed request of an API with `ttft_for_non_streamed` on was not, or not to
+    /// the end, answered from a stream (it then passed through unchanged); `null` otherwise.
+    #[serde(default)]
+    pub ttft_fallback: Option<String>,
     /// Milliseconds from arrival to the last body byte handed to the client.
     pub e2e_ms: Option<f64>,
     /// (e2e - ttft) / (completion_tokens - 1); `null` for fewer than 2 tokens or no TTFT.

@@ -4,92 +4,12 @@
 //! forced-tool pairs must be refused before sending (their answers differ).
 
 mod common;
+mod fold_support;
 
-use common::{fixture, Fixture};
+use common::Fixture;
+use fold_support::{expected_body, pair, FORCED_TOOL, PAIRS};
 use serde_json::Value;
 use tokenmeter::fold::{Api, Fold, Folded, Unfoldable};
-
-/// The request of each pair, as `pairs/INDEX.txt` lists it (non-streamed form).
-const PAIRS: &[(&str, &str, &str)] = &[
-    (
-        "p01_chat",
-        "/v1/chat/completions",
-        r#"{"model": "tiny-llama", "messages": [{"role": "user", "content": "def hello():"}], "max_tokens": 16, "temperature": 0}"#,
-    ),
-    (
-        "p02_chat_ignore_eos_seed",
-        "/v1/chat/completions",
-        r#"{"model": "tiny-llama", "messages": [{"role": "user", "content": "def hello():"}], "max_tokens": 24, "temperature": 0, "ignore_eos": true, "seed": 3}"#,
-    ),
-    (
-        "p03_chat_tool_named",
-        "/v1/chat/completions",
-        r#"{"model": "tiny-llama", "messages": [{"role": "user", "content": "read main.py"}], "tools": [{"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}], "tool_choice": {"type": "function", "function": {"name": "read_file"}}, "max_tokens": 40, "temperature": 0}"#,
-    ),
-    (
-        "p04_chat_logprobs",
-        "/v1/chat/completions",
-        r#"{"model": "tiny-llama", "messages": [{"role": "user", "content": "def hello():"}], "max_tokens": 6, "temperature": 0, "logprobs": true, "top_logprobs": 2}"#,
-    ),
-    (
-        "p05_chat_n2_seed",
-        "/v1/chat/completions",
-        r#"{"model": "tiny-llama", "messages": [{"role": "user", "content": "def hello():"}], "max_tokens": 6, "temperature": 0.8, "seed": 11, "n": 2}"#,
-    ),
-    (
-        "p06_chat_stop",
-        "/v1/chat/completions",
-        r#"{"model": "tiny-llama", "messages": [{"role": "user", "content": "def hello():"}], "max_tokens": 32, "temperature": 0, "stop": ["&"]}"#,
-    ),
-    (
-        "p07_completions",
-        "/v1/completions",
-        r#"{"model": "tiny-llama", "prompt": "def hello():", "max_tokens": 12, "temperature": 0}"#,
-    ),
-    (
-        "p08_messages",
-        "/v1/messages",
-        r#"{"model": "tiny-llama", "max_tokens": 16, "temperature": 0, "messages": [{"role": "user", "content": "def hello():"}]}"#,
-    ),
-    (
-        "p09_messages_tool_any",
-        "/v1/messages",
-        r#"{"model": "tiny-llama", "max_tokens": 40, "temperature": 0, "tools": [{"name": "read_file", "description": "Read a file", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}], "tool_choice": {"type": "any"}, "messages": [{"role": "user", "content": "read main.py"}]}"#,
-    ),
-    (
-        "p10_messages_system_stop",
-        "/v1/messages",
-        r#"{"model": "tiny-llama", "max_tokens": 32, "temperature": 0, "system": "You are terse.", "stop_sequences": ["&"], "messages": [{"role": "user", "content": "def hello():"}]}"#,
-    ),
-    (
-        "p11_responses",
-        "/v1/responses",
-        r#"{"model": "tiny-llama", "input": "def hello():", "max_output_tokens": 16, "temperature": 0}"#,
-    ),
-    (
-        "p12_responses_tool_required",
-        "/v1/responses",
-        r#"{"model": "tiny-llama", "input": "read main.py", "tools": [{"type": "function", "name": "read_file", "description": "Read a file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}], "tool_choice": "required", "max_output_tokens": 40, "temperature": 0}"#,
-    ),
-    (
-        "p13_responses_instructions",
-        "/v1/responses",
-        r#"{"model": "tiny-llama", "instructions": "You are terse.", "input": [{"role": "user", "content": "def hello():"}], "max_output_tokens": 12, "temperature": 0}"#,
-    ),
-];
-
-const FORCED_TOOL: &[&str] = &[
-    "p03_chat_tool_named",
-    "p09_messages_tool_any",
-    "p12_responses_tool_required",
-];
-
-fn pair(name: &str) -> (Fixture, Fixture) {
-    (
-        fixture(&format!("agents/pairs/{name}.stream.http")),
-        fixture(&format!("agents/pairs/{name}.nonstream.http")),
-    )
-}
 
 /// The data of each SSE event of a recorded stream.
 fn event_data(f: &Fixture) -> Vec<Vec<u8>> {
@@ -104,25 +24,6 @@ fn replay(fold: &mut dyn Fold, stream: &Fixture) -> Result<Folded, Unfoldable> {
         fold.feed(&data)?;
     }
     fold.finish()
-}
-
-/// The values that differ between two requests: ids and creation times (top level, and the ids
-/// of Responses output items), as (non-streamed, streamed) JSON texts.
-fn request_specific(nonstream: &Value, completed: &Value) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for key in ["id", "created", "created_at"] {
-        if let (Some(a), Some(b)) = (nonstream.get(key), completed.get(key)) {
-            out.push((format!("\"{key}\":{a}"), format!("\"{key}\":{b}")));
-        }
-    }
-    if let (Some(Value::Array(a)), Some(Value::Array(b))) =
-        (nonstream.get("output"), completed.get("output"))
-    {
-        for (x, y) in a.iter().zip(b) {
-            out.push((x["id"].to_string(), y["id"].to_string()));
-        }
-    }
-    out
 }
 
 #[test]
@@ -153,14 +54,7 @@ fn every_pair_rebuilds_the_recorded_non_streamed_body_or_is_refused() {
         let rebuilt = String::from_utf8(rebuilt).unwrap();
         let recorded = String::from_utf8(nonstream.body.clone()).unwrap();
         // Byte for byte, once the other request's ids and times are swapped for the stream's.
-        let got: Value =
-            serde_json::from_str(&rebuilt).unwrap_or_else(|e| panic!("{name}: {e}\n{rebuilt}"));
-        let want_ids: Value = serde_json::from_str(&recorded).unwrap();
-        let mut expected = recorded.clone();
-        for (from, to) in request_specific(&want_ids, &got) {
-            assert!(expected.contains(&from), "{name}: {from}");
-            expected = expected.replacen(&from, &to, 1);
-        }
+        let expected = expected_body(&recorded, &rebuilt);
         assert_eq!(rebuilt, expected, "{name}");
         let declared = nonstream
             .headers

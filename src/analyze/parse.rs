@@ -261,6 +261,8 @@ pub fn scratch_record() -> RequestRecord {
         e2e_ms: None,
         tpot_ms: None,
         itl_max_ms: None,
+        ttft_source: None,
+        ttft_fallback: None,
         tok_s: None,
         decode_tok_s: None,
         in_flight_at_start: 0,

@@ -44,6 +44,8 @@ pub fn record(
         e2e_ms: Some(e2e_ms),
         tpot_ms: rates.tpot_ms,
         itl_max_ms: None,
+        ttft_source: None,
+        ttft_fallback: None,
         tok_s: rates.tok_s,
         decode_tok_s: rates.decode_tok_s,
         in_flight_at_start: 1,

@@ -20,9 +20,38 @@ pub mod pyjson;
 pub mod responses;
 
 use bytes::Bytes;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::openai::Usage;
+
+/// `ttft_for_non_streamed`: per API, whether its non-streamed requests are sent upstream as
+/// streams to measure their TTFT. All off by default: the upstream then sees exactly the
+/// client's request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpgradeConfig {
+    /// `POST /v1/chat/completions`.
+    pub chat: bool,
+    /// `POST /v1/completions`.
+    pub completions: bool,
+    /// `POST /v1/messages`.
+    pub messages: bool,
+    /// `POST /v1/responses`.
+    pub responses: bool,
+}
+
+impl UpgradeConfig {
+    /// Whether `api`'s non-streamed requests are upgraded.
+    pub fn enabled(&self, api: Api) -> bool {
+        match api {
+            Api::Chat => self.chat,
+            Api::Completions => self.completions,
+            Api::Messages => self.messages,
+            Api::Responses => self.responses,
+        }
+    }
+}
 
 /// The generation APIs whose non-streamed requests can be upgraded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
