@@ -266,3 +266,47 @@ async fn a_client_that_leaves_while_the_stream_is_folded_aborts_the_upstream_at_
     assert_eq!(line["outcome"], "client_aborted");
     assert_eq!(line["stream"], false);
 }
+
+async fn sim() -> tokenmeter::sim::SimHandle {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = tokenmeter::sim::SimConfig {
+        stop_probability_per_token: 0.0,
+        log_stats_interval_s: 0.0,
+        ..Default::default()
+    };
+    tokenmeter::sim::spawn(cfg, listener).await.unwrap()
+}
+
+#[tokio::test]
+async fn the_simulators_streams_fold_into_its_own_non_streamed_answers() {
+    let sim = sim().await;
+    let direct = format!("{}", sim.addr());
+    let proxy = TestProxy::start(&format!("http://{direct}"), all_on).await;
+    let reqs = [
+        (
+            "/v1/chat/completions",
+            r#"{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":20,"seed":4}"#,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"n":3}"#,
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"sim-model","prompt":"hi","max_tokens":20}"#,
+        ),
+    ];
+    for (path, req) in reqs {
+        let own = raw_request(sim.addr(), &post(path, req, &[])).await;
+        let r = raw_request(proxy.addr, &post(path, req, &[])).await;
+        let (own, got) = (
+            String::from_utf8(own.body).unwrap(),
+            String::from_utf8(r.body).unwrap(),
+        );
+        assert_eq!(got, expected_body(&own, &got), "{path} {req}");
+    }
+    let lines = proxy.finish().await;
+    for l in &lines {
+        assert_eq!(l["ttft_source"], "upstream_stream", "{l}");
+    }
+}
