@@ -9,7 +9,8 @@ mod fold_support;
 use common::Fixture;
 use fold_support::{expected_body, pair, FORCED_TOOL, PAIRS};
 use serde_json::Value;
-use tokenmeter::fold::{Api, Fold, Folded, Unfoldable};
+use tokenmeter::dialect::{detect, Api};
+use tokenmeter::fold::{Fold, Folded, Unfoldable};
 
 /// The data of each SSE event of a recorded stream.
 fn event_data(f: &Fixture) -> Vec<Vec<u8>> {
@@ -29,10 +30,10 @@ fn replay(fold: &mut dyn Fold, stream: &Fixture) -> Result<Folded, Unfoldable> {
 #[test]
 fn every_pair_rebuilds_the_recorded_non_streamed_body_or_is_refused() {
     for (name, path, request) in PAIRS {
-        let api = Api::from_path(path).unwrap();
+        let api = detect(path).unwrap();
         let (stream, nonstream) = pair(name);
         assert_eq!((stream.status(), nonstream.status()), (200, 200), "{name}");
-        let upgraded = api.upgrade(request.as_bytes());
+        let upgraded = api.dialect().upgrade(request.as_bytes());
         if FORCED_TOOL.contains(name) {
             let Err(Unfoldable(why)) = upgraded else {
                 panic!("{name}: a request with tools must pass through");
@@ -91,7 +92,7 @@ fn the_forced_tool_streams_would_not_fold_into_the_recorded_answers() {
     ];
     for (name, api, req) in reqs {
         let (stream, _) = pair(name);
-        let mut fold = api.upgrade(req.as_bytes()).unwrap().unwrap().fold;
+        let mut fold = api.dialect().upgrade(req.as_bytes()).unwrap().unwrap().fold;
         let err = replay(fold.as_mut(), &stream).unwrap_err();
         assert!(
             err.0.contains("tool") || err.0.contains("non-text") || err.0.contains("other than"),

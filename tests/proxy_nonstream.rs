@@ -19,7 +19,7 @@ const ANTHROPIC: &[(&str, &str)] = &[
 ];
 
 fn all_on(c: &mut tokenmeter::config::ServeConfig) {
-    c.ttft_for_non_streamed = tokenmeter::fold::UpgradeConfig {
+    c.ttft_for_non_streamed = tokenmeter::config::UpgradeConfig {
         chat: true,
         completions: true,
         messages: true,

@@ -7,9 +7,13 @@ use serde_json::{Map, Value};
 
 use super::{
     choices_asked, first_asking, is_null, openai_error, push_raw_or_null, pyjson, string_inner,
-    Fold, Folded, Observed, Unfoldable,
+    upgrade_request, Fold, Folded, Unfoldable, Upgrade,
 };
-use crate::openai::Usage;
+
+/// A non-streamed chat request as a stream with its fold, or why it must pass through.
+pub fn upgrade(body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
+    upgrade_request(body, refusal, true, |req| Box::new(ChatFold::new(req)))
+}
 
 /// Why a chat request must pass through unchanged, if it must.
 ///
@@ -147,14 +151,6 @@ impl StreamUsage<'_> {
         push_raw_or_null(out, self.completion_tokens_details.map(RawValue::get));
         out.push(b'}');
     }
-
-    /// The token counts, for measurement.
-    pub(crate) fn counts(&self) -> Usage {
-        Usage {
-            prompt_tokens: self.prompt_tokens.get().parse().ok(),
-            completion_tokens: self.completion_tokens.get().parse().ok(),
-        }
-    }
 }
 
 /// Per-choice state: everything the non-streamed choice needs, nothing else.
@@ -290,20 +286,17 @@ impl ChatFold {
 }
 
 impl Fold for ChatFold {
-    fn feed(&mut self, data: &[u8]) -> Result<Observed, Unfoldable> {
+    fn feed(&mut self, data: &[u8]) -> Result<(), Unfoldable> {
         if data == b"[DONE]" {
             self.done = true;
-            return Ok(Observed::default());
+            return Ok(());
         }
         if self.done || self.error.is_some() {
             return Err(Unfoldable("event after the end of the stream"));
         }
         if data.starts_with(b"{\"error\"") {
             self.error = Some(openai_error(data).ok_or(Unfoldable("error event not readable"))?);
-            return Ok(Observed {
-                error: true,
-                ..Observed::default()
-            });
+            return Ok(());
         }
         let chunk: Chunk<'_> =
             serde_json::from_slice(data).map_err(|_| Unfoldable("unknown chunk shape"))?;
@@ -323,14 +316,9 @@ impl Fold for ChatFold {
             chunk.system_fingerprint,
             chunk.metrics,
         )?;
-        let mut seen = Observed {
-            choices: chunk.choices.len() as u32,
-            ..Observed::default()
-        };
         if let Some(u) = chunk.usage.filter(|u| u.get() != "null") {
             let usage: StreamUsage<'_> =
                 serde_json::from_str(u.get()).map_err(|_| Unfoldable("unknown usage shape"))?;
-            seen.usage = Some(usage.counts());
             let mut out = Vec::new();
             usage.write(&mut out);
             self.header.usage = Some(out);
@@ -343,7 +331,6 @@ impl Fold for ChatFold {
             if !is_null(c.token_ids) {
                 return Err(Unfoldable("stream carries token ids"));
             }
-            let mut output = false;
             if let Some(d) = &c.delta {
                 if !is_null(d.reasoning) || !is_null(d.reasoning_content) {
                     return Err(Unfoldable("stream carries reasoning"));
@@ -357,7 +344,6 @@ impl Fold for ChatFold {
                 if let Some(text) = d.content.filter(|t| t.get() != "null") {
                     let inner =
                         string_inner(text.get()).ok_or(Unfoldable("content is not a string"))?;
-                    output |= !inner.is_empty();
                     state.content.extend_from_slice(inner.as_bytes());
                     added += inner.len();
                 }
@@ -386,14 +372,10 @@ impl Fold for ChatFold {
             if let Some(f) = c.finish_reason.filter(|f| f.get() != "null") {
                 state.finish_reason = Some(f.get().to_string());
                 state.stop_reason = c.stop_reason.map(|s| s.get().to_string());
-                if seen.finish_reason.is_none() {
-                    seen.finish_reason = string_inner(f.get()).map(str::to_string);
-                }
             }
-            seen.content_choices += output as u32;
         }
         self.held += added;
-        Ok(seen)
+        Ok(())
     }
 
     fn finish(&mut self) -> Result<Folded, Unfoldable> {

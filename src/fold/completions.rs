@@ -7,9 +7,16 @@ use serde_json::{Map, Value};
 
 use super::chat::{Header, StreamUsage};
 use super::{
-    choices_asked, first_asking, is_null, openai_error, push_raw_or_null, string_inner, Fold,
-    Folded, Observed, Unfoldable,
+    choices_asked, first_asking, is_null, openai_error, push_raw_or_null, string_inner,
+    upgrade_request, Fold, Folded, Unfoldable, Upgrade,
 };
+
+/// A non-streamed completions request as a stream with its fold, or why it must pass through.
+pub fn upgrade(body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
+    upgrade_request(body, refusal, true, |req| {
+        Box::new(CompletionsFold::new(req))
+    })
+}
 
 /// Why a completions request must pass through unchanged, if it must.
 ///
@@ -112,20 +119,17 @@ impl CompletionsFold {
 }
 
 impl Fold for CompletionsFold {
-    fn feed(&mut self, data: &[u8]) -> Result<Observed, Unfoldable> {
+    fn feed(&mut self, data: &[u8]) -> Result<(), Unfoldable> {
         if data == b"[DONE]" {
             self.done = true;
-            return Ok(Observed::default());
+            return Ok(());
         }
         if self.done || self.error.is_some() {
             return Err(Unfoldable("event after the end of the stream"));
         }
         if data.starts_with(b"{\"error\"") {
             self.error = Some(openai_error(data).ok_or(Unfoldable("error event not readable"))?);
-            return Ok(Observed {
-                error: true,
-                ..Observed::default()
-            });
+            return Ok(());
         }
         let chunk: Chunk<'_> =
             serde_json::from_slice(data).map_err(|_| Unfoldable("unknown chunk shape"))?;
@@ -142,14 +146,9 @@ impl Fold for CompletionsFold {
             chunk.system_fingerprint,
             chunk.metrics,
         )?;
-        let mut seen = Observed {
-            choices: chunk.choices.len() as u32,
-            ..Observed::default()
-        };
         if let Some(u) = chunk.usage.filter(|u| u.get() != "null") {
             let usage: StreamUsage<'_> =
                 serde_json::from_str(u.get()).map_err(|_| Unfoldable("unknown usage shape"))?;
-            seen.usage = Some(usage.counts());
             let mut out = Vec::new();
             usage.write(&mut out);
             self.header.usage = Some(out);
@@ -164,16 +163,14 @@ impl Fold for CompletionsFold {
             }
             if let Some(t) = c.text.filter(|t| t.get() != "null") {
                 let inner = string_inner(t.get()).ok_or(Unfoldable("text is not a string"))?;
-                seen.content_choices += !inner.is_empty() as u32;
                 self.text.extend_from_slice(inner.as_bytes());
             }
             if let Some(f) = c.finish_reason.filter(|f| f.get() != "null") {
                 self.finish_reason = Some(f.get().to_string());
                 self.stop_reason = c.stop_reason.map(|s| s.get().to_string());
-                seen.finish_reason = string_inner(f.get()).map(str::to_string);
             }
         }
-        Ok(seen)
+        Ok(())
     }
 
     fn finish(&mut self) -> Result<Folded, Unfoldable> {

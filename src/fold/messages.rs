@@ -9,8 +9,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{first_asking, string_inner, Fold, Folded, Observed, Unfoldable};
-use crate::openai::Usage;
+use super::{first_asking, string_inner, upgrade_request, Fold, Folded, Unfoldable, Upgrade};
+
+/// A non-streamed Messages request as a stream with its fold, or why it must pass through.
+pub fn upgrade(body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
+    upgrade_request(body, refusal, false, |_| Box::<MessagesFold>::default())
+}
 
 /// Why a Messages request must pass through unchanged, if it must: tools (the recorded forced-tool
 /// pair differs between the two answers) and extended thinking (a thinking block is parsed
@@ -68,12 +72,6 @@ struct DeltaBody<'a> {
     stop_sequence: Option<&'a RawValue>,
 }
 
-#[derive(Deserialize)]
-struct UsageCounts {
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
-}
-
 /// Rebuilds a Messages `message` from its stream (text blocks only: see [`refusal`]).
 #[derive(Default)]
 pub struct MessagesFold {
@@ -91,13 +89,12 @@ pub struct MessagesFold {
 }
 
 impl Fold for MessagesFold {
-    fn feed(&mut self, data: &[u8]) -> Result<Observed, Unfoldable> {
+    fn feed(&mut self, data: &[u8]) -> Result<(), Unfoldable> {
         if self.stopped || self.error.is_some() {
             return Err(Unfoldable("event after the end of the stream"));
         }
         let ev: Event<'_> =
             serde_json::from_slice(data).map_err(|_| Unfoldable("unknown event shape"))?;
-        let mut seen = Observed::default();
         match ev.kind {
             "message_start" => {
                 let m = ev
@@ -133,8 +130,6 @@ impl Fold for MessagesFold {
                     .text
                     .and_then(|t| string_inner(t.get()))
                     .ok_or(Unfoldable("delta text is not a string"))?;
-                seen.choices = 1;
-                seen.content_choices = !inner.is_empty() as u32;
                 self.held += inner.len();
                 if let Some(block) = self.blocks.last_mut() {
                     block.extend_from_slice(inner.as_bytes());
@@ -149,7 +144,6 @@ impl Fold for MessagesFold {
             "message_delta" => {
                 let d = ev.delta.ok_or(Unfoldable("message_delta without delta"))?;
                 if let Some(r) = d.stop_reason.filter(|r| r.get() != "null") {
-                    seen.finish_reason = string_inner(r.get()).map(str::to_string);
                     self.stop_reason = Some(r.get().to_string());
                 }
                 self.stop_sequence = d
@@ -157,12 +151,6 @@ impl Fold for MessagesFold {
                     .filter(|s| s.get() != "null")
                     .map(|s| s.get().to_string());
                 if let Some(u) = ev.usage.filter(|u| u.get() != "null") {
-                    let counts: UsageCounts = serde_json::from_str(u.get())
-                        .map_err(|_| Unfoldable("unknown usage shape"))?;
-                    seen.usage = Some(Usage {
-                        prompt_tokens: counts.input_tokens,
-                        completion_tokens: counts.output_tokens,
-                    });
                     self.usage = Some(without_nulls(u.get())?);
                 }
             }
@@ -170,11 +158,10 @@ impl Fold for MessagesFold {
             "ping" => {}
             "error" => {
                 self.error = Some(error_response(data)?);
-                seen.error = true;
             }
             _ => return Err(Unfoldable("unknown event type")),
         }
-        Ok(seen)
+        Ok(())
     }
 
     fn finish(&mut self) -> Result<Folded, Unfoldable> {

@@ -11,7 +11,8 @@
 //!   with the same members in the same order. Anything in the stream it does not know stops it
 //!   ([`Unfoldable`]): the proxy then asks vLLM again, non-streamed, instead of guessing.
 //!
-//! Adding an API is one file here and one arm in [`Api`].
+//! Each API's dialect (`crate::dialect`) offers its file's `upgrade` as `Dialect::upgrade`: adding
+//! an API is one file here and that one method in its dialect.
 
 pub mod chat;
 pub mod completions;
@@ -20,51 +21,7 @@ pub mod pyjson;
 pub mod responses;
 
 use bytes::Bytes;
-use serde::Deserialize;
 use serde_json::{Map, Value};
-
-use crate::openai::Usage;
-
-/// `ttft_for_non_streamed`: per API, whether its non-streamed requests are sent upstream as
-/// streams to measure their TTFT. All off by default: the upstream then sees exactly the
-/// client's request.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct UpgradeConfig {
-    /// `POST /v1/chat/completions`.
-    pub chat: bool,
-    /// `POST /v1/completions`.
-    pub completions: bool,
-    /// `POST /v1/messages`.
-    pub messages: bool,
-    /// `POST /v1/responses`.
-    pub responses: bool,
-}
-
-impl UpgradeConfig {
-    /// Whether `api`'s non-streamed requests are upgraded.
-    pub fn enabled(&self, api: Api) -> bool {
-        match api {
-            Api::Chat => self.chat,
-            Api::Completions => self.completions,
-            Api::Messages => self.messages,
-            Api::Responses => self.responses,
-        }
-    }
-}
-
-/// The generation APIs whose non-streamed requests can be upgraded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    /// `POST /v1/chat/completions`.
-    Chat,
-    /// `POST /v1/completions`.
-    Completions,
-    /// `POST /v1/messages` (Anthropic Messages).
-    Messages,
-    /// `POST /v1/responses` (OpenAI Responses).
-    Responses,
-}
 
 /// Why a request or a stream cannot give vLLM's exact non-streamed answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,26 +49,10 @@ pub enum Folded {
     },
 }
 
-/// What one event says, for measurement: the same facts the proxy reads from a client's stream.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Observed {
-    /// Choices (or, for Messages and Responses, output items) the event is about; 0 for events
-    /// that carry no output position at all (usage-only, lifecycle events).
-    pub choices: u32,
-    /// How many of them carry generated output (text, logprobs-bearing tokens).
-    pub content_choices: u32,
-    /// A finish (stop) reason, when the event carries one.
-    pub finish_reason: Option<String>,
-    /// Token counts, when the event carries them.
-    pub usage: Option<Usage>,
-    /// The event is an error event.
-    pub error: bool,
-}
-
 /// An accumulator that turns one API's stream into its non-streamed answer.
 pub trait Fold: Send {
     /// Takes one SSE event's data (`[DONE]` included).
-    fn feed(&mut self, data: &[u8]) -> Result<Observed, Unfoldable>;
+    fn feed(&mut self, data: &[u8]) -> Result<(), Unfoldable>;
     /// The answer, once the stream has ended; `Unfoldable` when the stream did not finish
     /// the way a complete answer does.
     fn finish(&mut self) -> Result<Folded, Unfoldable>;
@@ -119,75 +60,39 @@ pub trait Fold: Send {
     fn held_bytes(&self) -> usize;
 }
 
-impl Api {
-    /// Every API, in the order settings and docs list them.
-    pub const ALL: [Api; 4] = [Api::Chat, Api::Completions, Api::Messages, Api::Responses];
-
-    /// The API served at `path` (the path as forwarded, without a user prefix or query).
-    pub fn from_path(path: &str) -> Option<Api> {
-        match path {
-            "/v1/chat/completions" => Some(Api::Chat),
-            "/v1/completions" => Some(Api::Completions),
-            "/v1/messages" => Some(Api::Messages),
-            "/v1/responses" => Some(Api::Responses),
-            _ => None,
-        }
+/// Reads a non-streamed request `body` of an API whose `refusal` and fold are given, and returns
+/// the streamed request to send instead with the fold that will rebuild its answer, or why the
+/// request must pass through unchanged. `ask_usage`: the API sends usage in a stream only when
+/// asked (chat, completions). `Ok(None)`: the request streams already (nothing to do).
+pub(crate) fn upgrade_request(
+    body: &[u8],
+    refusal: fn(&Map<String, Value>) -> Option<&'static str>,
+    ask_usage: bool,
+    fold: fn(&Map<String, Value>) -> Box<dyn Fold>,
+) -> Result<Option<Upgrade>, Unfoldable> {
+    let Ok(Value::Object(mut req)) = serde_json::from_slice::<Value>(body) else {
+        return Err(Unfoldable("request body is not a JSON object"));
+    };
+    match req.get("stream") {
+        None | Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) => return Ok(None),
+        Some(_) => return Err(Unfoldable("stream is not a boolean")),
     }
-
-    /// The setting's and the log's name for this API.
-    pub fn name(self) -> &'static str {
-        match self {
-            Api::Chat => "chat",
-            Api::Completions => "completions",
-            Api::Messages => "messages",
-            Api::Responses => "responses",
-        }
+    if let Some(why) = refusal(&req) {
+        return Err(Unfoldable(why));
     }
-
-    /// Reads a non-streamed request `body` and returns the streamed request to send instead with
-    /// the fold that will rebuild its answer, or why the request must pass through unchanged.
-    /// `Ok(None)`: the request is not a non-streamed one (nothing to do, nothing to report).
-    pub fn upgrade(self, body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
-        let Ok(Value::Object(mut req)) = serde_json::from_slice::<Value>(body) else {
-            return Err(Unfoldable("request body is not a JSON object"));
-        };
-        match req.get("stream") {
-            None | Some(Value::Bool(false)) => {}
-            Some(Value::Bool(true)) => return Ok(None),
-            Some(_) => return Err(Unfoldable("stream is not a boolean")),
-        }
-        if let Some(why) = self.refusal(&req) {
-            return Err(Unfoldable(why));
-        }
-        let fold: Box<dyn Fold> = match self {
-            Api::Chat => Box::new(chat::ChatFold::new(&req)),
-            Api::Completions => Box::new(completions::CompletionsFold::new(&req)),
-            Api::Messages => Box::new(messages::MessagesFold::default()),
-            Api::Responses => Box::new(responses::ResponsesFold::default()),
-        };
-        req.insert("stream".into(), Value::Bool(true));
-        if matches!(self, Api::Chat | Api::Completions) {
-            // These APIs send usage in a stream only when asked; Messages and Responses always do.
-            let mut opts = Map::new();
-            opts.insert("include_usage".into(), Value::Bool(true));
-            req.insert("stream_options".into(), Value::Object(opts));
-        }
-        let out = serde_json::to_vec(&req).map_err(|_| Unfoldable("request not writable"))?;
-        Ok(Some(Upgrade {
-            body: Bytes::from(out),
-            fold,
-        }))
+    let fold = fold(&req);
+    req.insert("stream".into(), Value::Bool(true));
+    if ask_usage {
+        let mut opts = Map::new();
+        opts.insert("include_usage".into(), Value::Bool(true));
+        req.insert("stream_options".into(), Value::Object(opts));
     }
-
-    /// Why a request of this API must pass through, if it must.
-    fn refusal(self, req: &Map<String, Value>) -> Option<&'static str> {
-        match self {
-            Api::Chat => chat::refusal(req),
-            Api::Completions => completions::refusal(req),
-            Api::Messages => messages::refusal(req),
-            Api::Responses => responses::refusal(req),
-        }
-    }
+    let out = serde_json::to_vec(&req).map_err(|_| Unfoldable("request not writable"))?;
+    Ok(Some(Upgrade {
+        body: Bytes::from(out),
+        fold,
+    }))
 }
 
 /// Whether member `key` is present with a value that asks for something: anything but

@@ -10,8 +10,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{first_asking, pyjson, Fold, Folded, Observed, Unfoldable};
-use crate::openai::Usage;
+use super::{first_asking, pyjson, upgrade_request, Fold, Folded, Unfoldable, Upgrade};
+
+/// A non-streamed Responses request as a stream with its fold, or why it must pass through.
+pub fn upgrade(body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
+    upgrade_request(body, refusal, false, |_| Box::<ResponsesFold>::default())
+}
 
 /// Why a Responses request must pass through unchanged, if it must: tools (the recorded
 /// forced-tool pair differs), reasoning (its items are parsed differently when streamed),
@@ -53,27 +57,12 @@ struct Event<'a> {
 struct Completed<'a> {
     #[serde(borrow, default)]
     output: Vec<Item<'a>>,
-    usage: Option<UsageCounts>,
-    #[serde(borrow)]
-    incomplete_details: Option<Incomplete<'a>>,
-}
-
-#[derive(Deserialize)]
-struct Incomplete<'a> {
-    #[serde(borrow)]
-    reason: Option<&'a str>,
 }
 
 #[derive(Deserialize)]
 struct Item<'a> {
     #[serde(rename = "type", borrow)]
     kind: &'a str,
-}
-
-#[derive(Deserialize)]
-struct UsageCounts {
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
 }
 
 /// Rebuilds a Responses `response` from its stream: the terminal event's response object.
@@ -83,18 +72,13 @@ pub struct ResponsesFold {
 }
 
 impl Fold for ResponsesFold {
-    fn feed(&mut self, data: &[u8]) -> Result<Observed, Unfoldable> {
+    fn feed(&mut self, data: &[u8]) -> Result<(), Unfoldable> {
         if self.answer.is_some() {
             return Err(Unfoldable("event after the end of the stream"));
         }
         let ev: Event<'_> =
             serde_json::from_slice(data).map_err(|_| Unfoldable("unknown event shape"))?;
-        let mut seen = Observed::default();
         match ev.kind {
-            "response.output_text.delta" => {
-                seen.choices = 1;
-                seen.content_choices = 1;
-            }
             "response.completed" => {
                 let raw = ev
                     .response
@@ -104,21 +88,9 @@ impl Fold for ResponsesFold {
                 if done.output.iter().any(|i| i.kind != "message") {
                     return Err(Unfoldable("response has output other than messages"));
                 }
-                if let Some(u) = done.usage {
-                    seen.usage = Some(Usage {
-                        prompt_tokens: u.input_tokens,
-                        completion_tokens: u.output_tokens,
-                    });
-                }
                 let mut out = Vec::with_capacity(raw.get().len());
                 pyjson::copy_with_python_floats(raw.get().as_bytes(), &mut out)
                     .ok_or(Unfoldable("response not readable"))?;
-                seen.finish_reason = Some(
-                    done.incomplete_details
-                        .and_then(|d| d.reason)
-                        .unwrap_or("completed")
-                        .to_string(),
-                );
                 self.answer = Some(out);
             }
             // Errors and failures: no recording shows the non-streamed answer to rebuild, so the
@@ -133,7 +105,7 @@ impl Fold for ResponsesFold {
             }
             _ => return Err(Unfoldable("unknown event type")),
         }
-        Ok(seen)
+        Ok(())
     }
 
     fn finish(&mut self) -> Result<Folded, Unfoldable> {

@@ -2,7 +2,6 @@
 //! stream it asked for in place of a non-streamed request, measuring it as a client stream is
 //! measured, and answering with the folded JSON once the stream is over.
 
-use std::borrow::Cow;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -13,9 +12,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use crate::dialect::Dialect;
 use crate::error::ProxyError;
-use crate::fold::{Fold, Folded, Observed};
-use crate::openai::Summary;
+use crate::fold::{Fold, Folded};
 use crate::proxy::body::BoxError;
 use crate::proxy::tracker::Tracker;
 use crate::record::Outcome;
@@ -44,10 +43,12 @@ pub struct Limits {
     pub max_held_bytes: usize,
 }
 
-/// Reads `body` (a 200 event stream) to its end, feeding each event to `fold` and to `tracker`.
-/// Dropping the future (the client left) drops `body`, which closes the upstream connection.
+/// Reads `body` (a 200 event stream) to its end, feeding each event to `tracker` as `dialect`
+/// reads it (as for a client's stream) and to `fold`. Dropping the future (the client left)
+/// drops `body`, which closes the upstream connection.
 pub async fn collect(
     mut body: Incoming,
+    dialect: &dyn Dialect,
     fold: &mut dyn Fold,
     tracker: &mut Tracker,
     limits: &Limits,
@@ -86,9 +87,11 @@ pub async fn collect(
                 stop = Some("an event over max_sse_event_bytes");
                 return;
             }
-            match fold.feed(ev.data) {
-                Ok(seen) => tracker.on_summary(&summary(&seen), now, true),
-                Err(why) => stop = Some(why.0),
+            if let Some(s) = dialect.event(ev.data) {
+                tracker.on_event(&s, now, true);
+            }
+            if let Err(why) = fold.feed(ev.data) {
+                stop = Some(why.0);
             }
         });
         if let Some(why) = stop {
@@ -101,18 +104,6 @@ pub async fn collect(
     match fold.finish() {
         Ok(answer) => Collected::Answer(answer),
         Err(why) => Collected::Fallback(why.0),
-    }
-}
-
-/// What the tracker reads from an event: the fold's observation in the proxy's summary terms.
-fn summary(seen: &Observed) -> Summary<'_> {
-    Summary {
-        choices: seen.choices,
-        content_choices: seen.content_choices,
-        finish_reason: seen.finish_reason.as_deref().map(Cow::Borrowed),
-        usage: seen.usage,
-        is_error: seen.error,
-        server_timings: None,
     }
 }
 
