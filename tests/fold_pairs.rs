@@ -3,6 +3,9 @@
 //! non-streamed body byte for byte, but for the ids and timestamps of the other request; the
 //! forced-tool pairs must be refused before sending (their answers differ).
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 mod fold_support;
 

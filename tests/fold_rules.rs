@@ -1,6 +1,9 @@
 //! The upgrade rule (which non-streamed requests may be sent as streams) and the folds' refusals:
 //! whatever a fold cannot prove equal to vLLM's non-streamed answer stops it.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use tokenmeter::dialect::Api;
 use tokenmeter::fold::{Folded, Unfoldable};
 

@@ -9,6 +9,9 @@
 //!   CPU time (`/proc/PID/stat`) over many 250-token non-streamed requests, setting on and off
 //!   (and a client stream for reference), interleaved.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::net::SocketAddr;
@@ -164,13 +167,22 @@ async fn added_latency_at_the_end_of_a_250_token_answer() {
     println!("last upstream byte -> whole answer at the client, median of 35: setting on {a:.0} us, off {b:.0} us, added {:.0} us", a - b);
 }
 
+/// `getconf CLK_TCK`: the unit of `/proc/PID/stat`'s CPU times.
+fn clock_ticks_per_second() -> f64 {
+    let out = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let rest = &stat[stat.rfind(')').unwrap() + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After the name: state is field 3; utime and stime are fields 14 and 15.
     let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
-    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    ticks / clock_ticks_per_second()
 }
 
 #[tokio::test]

@@ -3,6 +3,9 @@
 //! (ids and times aside) with vLLM's non-streamed headers, and its log line must carry a TTFT
 //! measured on the stream. What the rule refuses passes through untouched.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 mod fold_support;
 

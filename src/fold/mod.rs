@@ -99,7 +99,7 @@ pub(crate) fn upgrade_request(
 /// `null`, `false`, `[]`, `{}` or `""`.
 pub(crate) fn asks(req: &Map<String, Value>, key: &str) -> bool {
     match req.get(key) {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        None | Some(Value::Null | Value::Bool(false)) => false,
         Some(Value::Array(a)) => !a.is_empty(),
         Some(Value::Object(o)) => !o.is_empty(),
         Some(Value::String(s)) => !s.is_empty(),
