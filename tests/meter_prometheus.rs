@@ -246,10 +246,7 @@ fn api_label_and_itl_histogram_with_vllm_bounds() {
     let name = "tokenmeter_inter_token_latency_seconds";
     let bucket = |le: &str| s[&format!("{name}_bucket{{model=\"m\",le=\"{le}\"}}")];
     // Exactly vLLM's bounds, cumulative: 5 ms <= 0.01; 20 ms <= 0.025; 30 ms <= 0.05; 2 s <= 2.5.
-    let les: Vec<String> = VLLM_ITL_BOUNDS_S
-        .iter()
-        .map(std::string::ToString::to_string)
-        .collect();
+    let les: Vec<String> = VLLM_ITL_BOUNDS_S.iter().map(ToString::to_string).collect();
     assert_eq!(les.len(), 19);
     assert_eq!(bucket("0.01"), 1.0);
     assert_eq!(bucket("0.025"), 2.0);
