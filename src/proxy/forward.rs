@@ -9,10 +9,12 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::client::legacy::Client;
 
+use crate::clock::Clock;
 use crate::config::ServeConfig;
 use crate::error::ProxyError;
+use crate::health::Health;
 use crate::proxy::body::{MeteredBody, Reading};
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity::{self, Clues};
@@ -21,6 +23,7 @@ use crate::proxy::tracker::{RequestMeta, Tracker, TrackerShared};
 use crate::proxy::ProxyBody;
 use crate::record::{is_generation_path, Outcome};
 use crate::sse::SseScanner;
+use crate::tls::{ListenerTls, UpstreamConnector};
 
 /// What every request of one proxy shares.
 pub struct ProxyState {
@@ -31,7 +34,15 @@ pub struct ProxyState {
     /// The upstream's authority, sent as `Host`.
     pub upstream_host: HeaderValue,
     /// Pooled keep-alive connections to the upstream.
-    pub client: Client<HttpConnector, Full<Bytes>>,
+    pub client: Client<UpstreamConnector, Full<Bytes>>,
+    /// What `client` connects with (serving threads build their own client from it).
+    pub connector: UpstreamConnector,
+    /// Readiness: upstream connection failures are reported to it.
+    pub health: Arc<Health>,
+    /// TLS for client connections, when configured.
+    pub tls: Option<Arc<ListenerTls>>,
+    /// `request_id_header`, parsed.
+    pub request_id_header: http::HeaderName,
     /// Measurement state shared by all requests.
     pub trackers: Arc<TrackerShared>,
     /// `/stats*` handler on this listener, when stats are served here.
@@ -45,23 +56,67 @@ pub async fn handle(
     remote: SocketAddr,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
     let t0 = Instant::now();
+    if crate::health::is_main_probe(req.uri().path()) {
+        if let Some((status, body)) = state.health.probe(req.uri().path()) {
+            let mut r = Response::new(ProxyBody::Full(Some(Bytes::from(body))));
+            *r.status_mut() = status;
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            return Ok(r);
+        }
+    }
     if let Some(router) = &state.stats {
         let p = req.uri().path();
         if p == "/stats" || p.starts_with("/stats/") {
             return Ok(crate::proxy::stats_response(router.clone(), req).await);
         }
     }
-    Ok(forward(&state, req, remote, t0).await)
+    let mut request_id = None;
+    let mut resp = forward(&state, req, remote, t0, &mut request_id).await;
+    if let Some(id) = request_id {
+        resp.headers_mut()
+            .insert(state.request_id_header.clone(), id);
+    }
+    Ok(resp)
 }
 
+/// A client's request id is kept when it is 1 to 128 visible ASCII characters (what fits a log
+/// line and a header unchanged); anything else is replaced by the proxy's own.
+fn valid_request_id(v: &HeaderValue) -> Option<&str> {
+    let b = v.as_bytes();
+    let ok = (1..=128).contains(&b.len()) && b.iter().all(|c| c.is_ascii_graphic());
+    ok.then(|| v.to_str().ok()).flatten()
+}
+
+/// The client's `User-Agent`, cut to a bounded length (invalid UTF-8 replaced).
+fn user_agent(h: &http::HeaderMap) -> Option<String> {
+    let v = h.get(header::USER_AGENT)?;
+    Some(
+        String::from_utf8_lossy(v.as_bytes())
+            .chars()
+            .take(crate::record::MAX_USER_AGENT_CHARS)
+            .collect(),
+    )
+}
+
+/// Forwards one request; `request_id` receives the id to return to the client in
+/// `request_id_header` (the client's own when valid, else the proxy's).
 async fn forward(
     state: &Arc<ProxyState>,
     req: Request<Incoming>,
     remote: SocketAddr,
     t0: Instant,
+    request_id: &mut Option<HeaderValue>,
 ) -> Response<ProxyBody> {
     let cfg = &state.config;
     let (mut parts, body) = req.into_parts();
+    let client_id = parts
+        .headers
+        .get(&state.request_id_header)
+        .and_then(valid_request_id)
+        .map(str::to_string);
     let split = identity::split_user_prefix(parts.uri.path());
     let path_user = split.user.map(str::to_string);
     let fwd_path = split.path.to_string();
@@ -84,11 +139,19 @@ async fn forward(
         model: None,
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),
+        client_request_id: client_id,
+        user_agent: user_agent(&parts.headers),
+        client_ip: cfg.access_log_client_ip.then(|| remote.ip().to_string()),
         stream: None,
         n: None,
         bytes_in: 0,
     };
     let mut tracker = Tracker::start(state.trackers.clone(), t0, meta.clone(), metered);
+    let rid = match &meta.client_request_id {
+        Some(id) => HeaderValue::from_str(id),
+        None => HeaderValue::from_str(&tracker.request_id()),
+    };
+    *request_id = rid.ok();
 
     if cfg.users.require_known_key {
         let known = identity::bearer_key(&parts.headers)
@@ -145,6 +208,9 @@ async fn forward(
         headers.remove(name);
     }
     headers.insert(header::HOST, state.upstream_host.clone());
+    if let Some(id) = request_id {
+        headers.insert(state.request_id_header.clone(), id.clone());
+    }
     if let Some(key) = &cfg.users.upstream_api_key {
         if let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", key.0)) {
             headers.insert(header::AUTHORIZATION, v);
@@ -157,8 +223,14 @@ async fn forward(
 
     let headers_timeout = std::time::Duration::from_millis(cfg.timeouts.upstream_headers_ms);
     let resp = match tokio::time::timeout(headers_timeout, state.client.request(up)).await {
-        Ok(Ok(r)) => r,
+        Ok(Ok(r)) => {
+            state.health.upstream_answered();
+            r
+        }
         Ok(Err(e)) => {
+            if e.is_connect() {
+                state.health.upstream_failed(Clock::global().now());
+            }
             let (err, outcome, why) = classify_client_error(&e);
             return respond_error(tracker, err, outcome, why);
         }
@@ -262,10 +334,14 @@ fn classify_client_error(
             let d = format!("{e:?}");
             d.contains("timed out") || d.contains("Timeout")
         };
-        let why = match io_kind(e) {
-            _ if timed_out => "connect timeout",
-            Some(std::io::ErrorKind::ConnectionRefused) => "connection refused",
-            _ => "cannot connect",
+        let why = if timed_out {
+            "connect timeout"
+        } else if let Some(tls) = crate::tls::tls_failure(e) {
+            tls
+        } else if io_kind(e) == Some(std::io::ErrorKind::ConnectionRefused) {
+            "connection refused"
+        } else {
+            "cannot connect"
         };
         return (ProxyError::bad_gateway(why), Outcome::ProxyError, why);
     }
