@@ -46,6 +46,8 @@ pub enum Command {
     Load(crate::load::LoadArgs),
     /// The capacity report from access logs.
     Analyze(crate::analyze::AnalyzeArgs),
+    /// One GET to a health probe; exit status 0 on a 200 (for container healthchecks).
+    Healthcheck(crate::probe::HealthcheckArgs),
 }
 
 /// Runs the parsed command line to completion.
@@ -56,5 +58,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Sim(args) => crate::sim::run_cli(args).await,
         Command::Load(args) => crate::load::run_cli(args).await,
         Command::Analyze(args) => crate::analyze::run_cli(args).await,
+        Command::Healthcheck(args) => crate::probe::run_cli(args).await,
     }
 }

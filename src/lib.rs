@@ -13,6 +13,7 @@ pub mod health;
 pub mod load;
 pub mod meter;
 pub mod openai;
+pub mod probe;
 pub mod proxy;
 pub mod record;
 pub mod scrape;

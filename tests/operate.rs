@@ -408,3 +408,103 @@ async fn request_ids_are_kept_or_made_forwarded_returned_and_logged() {
     assert_eq!(lines[0]["client_ip"], "127.0.0.1");
     proxy.stop().await;
 }
+
+/// Waits for a process-log line containing `needle`; returns it.
+fn wait_line(rx: &std::sync::mpsc::Receiver<String>, needle: &str) -> String {
+    loop {
+        let l = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("no log line with {needle:?}"));
+        if l.contains(needle) {
+            return l;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_keys_and_the_stats_token_without_cutting_a_stream() {
+    let json = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+    let mut up = FakeUpstream::start(vec![
+        slow_stream(15, Duration::from_millis(60)),
+        Script {
+            steps: vec![Step::Raw(Duration::ZERO, json.as_bytes().to_vec())],
+        },
+    ])
+    .await;
+    let dir = TempDir::new("reload");
+    let file = dir.0.join("tokenmeter.toml");
+    let url = up.url();
+    let write = |stats: &str, connect_ms: u64, keys: &str| {
+        let text = format!(
+            "upstream = \"{url}\"\nstats_token = \"{stats}\"\n[timeouts]\nconnect_ms = {connect_ms}\n\
+             [users]\nrequire_known_key = true\n[users.api_keys]\n{keys}\n"
+        );
+        std::fs::write(&file, text).unwrap();
+    };
+    write("t1", 5000, "alice = \"sk-alice\"");
+    let (mut child, addr, rx) = spawn_logged(
+        tokenmeter()
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&file),
+    );
+    let call = |key: &'static str| async move {
+        let auth = format!("Bearer {key}");
+        raw_request(
+            addr,
+            &post("/v1/chat/completions", "{}", &[("authorization", &auth)]),
+        )
+        .await
+        .status
+    };
+    let stats = |token: &'static str| async move {
+        let req = format!("GET /stats HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\nconnection: close\r\n\r\n");
+        raw_request(addr, req.as_bytes()).await.status
+    };
+    let stream = tokio::spawn(async move {
+        let body = r#"{"stream":true}"#;
+        raw_request(
+            addr,
+            &post(
+                "/v1/chat/completions",
+                body,
+                &[("authorization", "Bearer sk-alice")],
+            ),
+        )
+        .await
+    });
+    up.seen.recv().await.unwrap();
+    write("t2", 1234, "bob = \"sk-bob\"");
+    signal(&child, "HUP");
+    let restart = wait_line(&rx, "need a restart");
+    assert!(restart.contains("timeouts.connect_ms"), "{restart}");
+    let done = wait_line(&rx, "configuration reloaded");
+    assert!(
+        done.contains("users.api_keys") && done.contains("stats_token"),
+        "{done}"
+    );
+    assert_eq!(
+        call("sk-bob").await,
+        200,
+        "a new key works after the reload"
+    );
+    assert_eq!(call("sk-alice").await, 401, "a removed key is refused");
+    assert_eq!((stats("t2").await, stats("t1").await), (200, 401));
+    let got = stream.await.unwrap();
+    assert!(
+        got.complete,
+        "the stream that ran across the reload was cut"
+    );
+    assert!(got.body.ends_with(b"data: [DONE]\n\n"));
+    // A bad file is rejected whole, with its reason; the running settings stay.
+    std::fs::write(&file, "[users]\nrequire_known_key = true\nbogus_key = 1\n").unwrap();
+    signal(&child, "HUP");
+    let rejected = wait_line(&rx, "reload rejected");
+    assert!(rejected.contains("bogus_key"), "{rejected}");
+    assert_eq!(call("sk-bob").await, 200);
+    assert_eq!(call("sk-alice").await, 401);
+    signal(&child, "TERM");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success());
+}

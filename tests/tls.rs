@@ -194,3 +194,42 @@ async fn admin_listen_serves_the_probes_over_tls_too() {
     );
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn a_reload_serves_the_new_certificate_and_keeps_the_old_one_when_the_files_are_bad() {
+    let dir = TempDir::new("tls-reload");
+    let first = TestCerts::generate(&dir.0, "first");
+    let (proxy, _upstream) = tls_proxy(&first).await;
+    let port = proxy.addr.port();
+    let fetch = move |ca: std::path::PathBuf| async move {
+        let url = format!("https://127.0.0.1:{port}/v1/models");
+        let ca = ca.display().to_string();
+        tokio::task::spawn_blocking(move || curl(&["--cacert", &ca, &url]))
+            .await
+            .unwrap()
+            .status
+            .success()
+    };
+    assert!(fetch(first.ca.clone()).await);
+    // New files under the same names, then a reload.
+    let second = TestCerts::generate(&dir.0, "second");
+    std::fs::copy(&second.cert, &first.cert).unwrap();
+    std::fs::copy(&second.key, &first.key).unwrap();
+    let mut config = tokenmeter::config::ServeConfig::default();
+    config.tls.cert_file = Some(first.cert.clone());
+    config.tls.key_file = Some(first.key.clone());
+    let handle = proxy.handle.as_ref().unwrap();
+    let report = handle.reload(&config);
+    assert_eq!(report.tls_error, None);
+    assert!(
+        fetch(second.ca.clone()).await,
+        "the new certificate is served"
+    );
+    assert!(!fetch(first.ca.clone()).await, "the old one is gone");
+    // A broken key file: the reload says why, and the certificate in use stays.
+    std::fs::write(&first.key, "not a key").unwrap();
+    let report = handle.reload(&config);
+    assert!(report.tls_error.unwrap().contains("private key"));
+    assert!(fetch(second.ca.clone()).await);
+    proxy.stop().await;
+}

@@ -18,7 +18,9 @@ use crate::health::Health;
 use crate::proxy::body::{MeteredBody, Reading};
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity::{self, Clues};
+use crate::proxy::reload::LiveUsers;
 use crate::proxy::request::{inject_include_usage, RequestInfo};
+use crate::proxy::sniff::Verdict;
 use crate::proxy::tracker::{RequestMeta, Tracker, TrackerShared};
 use crate::proxy::ProxyBody;
 use crate::record::{is_generation_path, Outcome};
@@ -43,19 +45,39 @@ pub struct ProxyState {
     pub tls: Option<Arc<ListenerTls>>,
     /// `request_id_header`, parsed.
     pub request_id_header: http::HeaderName,
+    /// The user settings, as last reloaded (read these, not `config.users`).
+    pub users: Arc<LiveUsers>,
     /// Measurement state shared by all requests.
     pub trackers: Arc<TrackerShared>,
     /// `/stats*` handler on this listener, when stats are served here.
     pub stats: Option<axum::Router>,
 }
 
-/// Handles one request; never fails (every error is an HTTP answer).
+/// Handles one request; never fails (every error is an HTTP answer). `framing` is what the head
+/// sniffer found on this connection.
 pub async fn handle(
     state: Arc<ProxyState>,
     req: Request<Incoming>,
     remote: SocketAddr,
+    framing: Arc<Verdict>,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
     let t0 = Instant::now();
+    if framing.next_request_is_ambiguous() {
+        // Neither the body nor anything after it on this connection can be trusted: answer
+        // without reading it, and close.
+        let err = ProxyError::bad_request(
+            "Content-Length together with Transfer-Encoding is not accepted.",
+        );
+        let mut r = Response::new(ProxyBody::Full(Some(err.body())));
+        *r.status_mut() = err.status;
+        let h = r.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Ok(r);
+    }
     if crate::health::is_main_probe(req.uri().path()) {
         if let Some((status, body)) = state.health.probe(req.uri().path()) {
             let mut r = Response::new(ProxyBody::Full(Some(Bytes::from(body))));
@@ -111,6 +133,8 @@ async fn forward(
     request_id: &mut Option<HeaderValue>,
 ) -> Response<ProxyBody> {
     let cfg = &state.config;
+    // One snapshot per request: a reload in the middle does not change its rules.
+    let users = state.users.get();
     let (mut parts, body) = req.into_parts();
     let client_id = parts
         .headers
@@ -123,7 +147,7 @@ async fn forward(
     let metered = cfg.metering && is_generation_path(&fwd_path);
     let clues = |body_user: Option<&str>, headers: &http::HeaderMap| {
         identity::identify(
-            &cfg.users,
+            &users,
             &Clues {
                 path_user: path_user.as_deref(),
                 headers,
@@ -153,9 +177,9 @@ async fn forward(
     };
     *request_id = rid.ok();
 
-    if cfg.users.require_known_key {
-        let known = identity::bearer_key(&parts.headers)
-            .and_then(|k| identity::known_key_name(&cfg.users, k));
+    if users.require_known_key {
+        let known =
+            identity::bearer_key(&parts.headers).and_then(|k| identity::known_key_name(&users, k));
         if known.is_none() {
             return reject(
                 tracker,
@@ -204,14 +228,14 @@ async fn forward(
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT);
     headers.remove(header::CONTENT_LENGTH);
-    if let Ok(name) = http::HeaderName::from_bytes(cfg.users.header.as_bytes()) {
+    if let Ok(name) = http::HeaderName::from_bytes(users.header.as_bytes()) {
         headers.remove(name);
     }
     headers.insert(header::HOST, state.upstream_host.clone());
     if let Some(id) = request_id {
         headers.insert(state.request_id_header.clone(), id.clone());
     }
-    if let Some(key) = &cfg.users.upstream_api_key {
+    if let Some(key) = &users.upstream_api_key {
         if let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", key.0)) {
             headers.insert(header::AUTHORIZATION, v);
         }

@@ -4,7 +4,9 @@ mod body;
 mod forward;
 mod headers;
 pub mod identity;
+pub mod reload;
 pub mod request;
+mod sniff;
 mod tracker;
 
 use std::net::SocketAddr;
@@ -109,6 +111,7 @@ pub struct ProxyHandle {
     state: Arc<ProxyState>,
     counters: Arc<AccessLogCounters>,
     meter: MeterHandle,
+    reloader: reload::Reloader,
 }
 
 impl ProxyHandle {
@@ -135,6 +138,13 @@ impl ProxyHandle {
     /// Access-log counters (written, dropped, failed).
     pub fn access_log_counters(&self) -> Arc<AccessLogCounters> {
         self.counters.clone()
+    }
+
+    /// Applies the reloadable settings of `new` (as on SIGHUP): API keys, `require_known_key`,
+    /// the stats token, and the TLS certificate files read again. Requests in flight finish
+    /// under the settings they started with.
+    pub fn reload(&self, new: &ServeConfig) -> reload::ReloadReport {
+        self.reloader.apply(new)
     }
 
     /// Reopens the access log (as on SIGHUP).
@@ -185,6 +195,15 @@ pub async fn spawn(
         Duration::from_millis(config.timeouts.connect_ms),
     )?;
     let health = Arc::new(Health::new(config.readiness_upstream_failure_s));
+    let stats_token =
+        crate::meter::StatsToken::new(config.stats_token.as_ref().map(|s| s.0.as_str()));
+    let users = Arc::new(reload::LiveUsers::new(config.users.clone()));
+    let reloader = reload::Reloader::new(
+        config.clone(),
+        users.clone(),
+        stats_token.clone(),
+        tls.clone(),
+    );
     let meter = spawn_meter(config.meter.clone());
     observers.push(Arc::new(meter.clone()));
     let mut scrape = None;
@@ -205,9 +224,7 @@ pub async fn spawn(
         meter.clone(),
         StatsContext {
             upstream: config.upstream.clone(),
-            bearer_token: crate::meter::StatsToken::new(
-                config.stats_token.as_ref().map(|s| s.0.as_str()),
-            ),
+            bearer_token: stats_token.clone(),
             health: health.clone(),
             access_log: counters.clone(),
             started: Clock::global().now(),
@@ -247,6 +264,7 @@ pub async fn spawn(
         health,
         tls,
         request_id_header: http::HeaderName::from_bytes(config.request_id_header.as_bytes())?,
+        users,
         trackers,
         stats: main_stats,
         config,
@@ -276,6 +294,7 @@ pub async fn spawn(
         state,
         counters,
         meter,
+        reloader,
     })
 }
 
@@ -394,6 +413,7 @@ fn serve_on_own_thread(
                         health: shared.health.clone(),
                         tls: shared.tls.clone(),
                         request_id_header: shared.request_id_header.clone(),
+                        users: shared.users.clone(),
                         config: shared.config.clone(),
                         upstream_base: shared.upstream_base.clone(),
                         upstream_host: shared.upstream_host.clone(),
@@ -414,11 +434,16 @@ fn serve_on_own_thread(
                                 continue;
                             };
                             let st = state.clone();
-                            let svc =
-                                service_fn(move |req| forward::handle(st.clone(), req, remote));
+                            let verdict = Arc::new(sniff::Verdict::default());
+                            let v = verdict.clone();
+                            let svc = service_fn(move |req| {
+                                forward::handle(st.clone(), req, remote, v.clone())
+                            });
+                            let max_head = state.config.max_header_bytes;
                             match &state.tls {
                                 None => {
-                                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                                    let io = sniff::Sniffed::new(stream, max_head, verdict);
+                                    let conn = builder.serve_connection(TokioIo::new(io), svc);
                                     let fut = graceful.watch(conn);
                                     tasks.spawn(async move {
                                         let _ = fut.await;
@@ -431,11 +456,14 @@ fn serve_on_own_thread(
                                     let acceptor = tls.acceptor();
                                     let watcher = graceful.watcher();
                                     let builder = builder.clone();
-                                    let limit = Duration::from_millis(state.config.timeouts.head_read_ms);
+                                    let limit =
+                                        Duration::from_millis(state.config.timeouts.head_read_ms);
                                     tasks.spawn(async move {
-                                        let hs = tokio::time::timeout(limit, acceptor.accept(stream));
+                                        let hs =
+                                            tokio::time::timeout(limit, acceptor.accept(stream));
                                         let Ok(Ok(tls)) = hs.await else { return };
-                                        let conn = builder.serve_connection(TokioIo::new(tls), svc);
+                                        let io = sniff::Sniffed::new(tls, max_head, verdict);
+                                        let conn = builder.serve_connection(TokioIo::new(io), svc);
                                         let _ = watcher.watch(conn).await;
                                     });
                                 }
@@ -553,9 +581,36 @@ pub async fn run_cli(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(a) = handle.admin_addr() {
         tracing::info!("stats listening on {a}");
     }
-    wait_for_shutdown_signal(|| handle.reopen_access_log()).await;
+    wait_for_shutdown_signal(|| {
+        handle.reopen_access_log();
+        reload_from(&handle, &args);
+    })
+    .await;
     handle.shutdown().await;
     Ok(())
+}
+
+/// Reads the configuration again (file, environment, flags) and applies what can change while
+/// serving; a file that does not load is rejected whole, with the reason, and nothing changes.
+fn reload_from(handle: &ProxyHandle, args: &ServeArgs) {
+    let new = match crate::config::load(args, std::env::vars()) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("reload rejected, the running configuration stays: {e:#}");
+            return;
+        }
+    };
+    let report = handle.reload(&new);
+    if !report.need_restart.is_empty() {
+        tracing::warn!(
+            settings = %report.need_restart.join(", "),
+            "reload: these changed settings need a restart; their running values stay"
+        );
+    }
+    if let Some(e) = &report.tls_error {
+        tracing::error!("reload: the TLS certificate stays as it was: {e}");
+    }
+    tracing::info!(applied = %report.applied.join(", "), "configuration reloaded");
 }
 
 /// Waits for SIGTERM or SIGINT, calling `on_hup` at every SIGHUP.
