@@ -6,7 +6,7 @@ mod headers;
 pub mod identity;
 pub mod reload;
 pub mod request;
-mod sniff;
+pub mod sniff;
 mod tracker;
 
 use std::net::SocketAddr;

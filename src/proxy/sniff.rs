@@ -101,8 +101,9 @@ impl<S> Sniffed<S> {
         }
     }
 
-    /// Follows the framing through `data`, the bytes just read.
-    fn feed(&mut self, mut data: &[u8]) {
+    /// Follows the framing through `data`, the bytes just read (what every read does; public
+    /// for the benchmark).
+    pub fn feed(&mut self, mut data: &[u8]) {
         while !data.is_empty() {
             match self.state {
                 State::Blind => return,
