@@ -1,6 +1,8 @@
 //! The request-head sniffer's cost per request: a typical agent request (head and JSON body) in
 //! one read, and the same split into 1,460-byte reads. Run: cargo bench --bench sniff
 
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -31,7 +33,7 @@ fn sniff(c: &mut Criterion) {
             let mut s = Sniffed::new((), 64 * 1024, Arc::new(Verdict::default()));
             s.feed(std::hint::black_box(&req));
             s
-        })
+        });
     });
     g.bench_function("request_in_1460_byte_reads", |b| {
         b.iter(|| {
@@ -40,7 +42,7 @@ fn sniff(c: &mut Criterion) {
                 s.feed(piece);
             }
             s
-        })
+        });
     });
     g.finish();
 }

@@ -1,6 +1,9 @@
 //! Outputs: SVG plots parse as XML with one series element per line, `--json` matches the
 //! committed schema, the binary prints the tables and writes the files.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod analyze_support;
 
 use std::path::PathBuf;

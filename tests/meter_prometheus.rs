@@ -1,5 +1,8 @@
 //! Prometheus exposition: well-formed lines, monotonic counters, cumulative histograms.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod meter_support;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,8 @@
 //! Operating the real binary: health probes and readiness on drain, JSON process logs,
 //! `--check-config` output and exit codes.
 
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::process::{Child, Command};

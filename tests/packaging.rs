@@ -3,6 +3,8 @@
 //! the host mapped to the repository's files and a temporary log directory. (No container
 //! engine runs on the test machines, so the image itself is not built here.)
 
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::{Path, PathBuf};

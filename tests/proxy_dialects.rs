@@ -3,6 +3,9 @@
 //! own usage; the stream's end is the API's terminal event; `x-api-key` is a key like a bearer
 //! key.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;
@@ -29,7 +32,7 @@ fn event_json(fx: &Fixture) -> Vec<serde_json::Value> {
 
 /// (input, output) tokens a recorded answer reports, read straight from its JSON.
 fn recorded_usage(fx: &Fixture, api: &str) -> (u64, u64) {
-    let u64_at = |v: &serde_json::Value, p: &str| v.pointer(p).and_then(|x| x.as_u64());
+    let u64_at = |v: &serde_json::Value, p: &str| v.pointer(p).and_then(serde_json::Value::as_u64);
     if !fx.is_stream() {
         let v: serde_json::Value = serde_json::from_slice(&fx.body).unwrap();
         return (

@@ -1,5 +1,8 @@
 //! `/stats` on the proxy: fed by real traffic, protected by a token, movable to an admin address.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! client go through the TLS listener, a wrong CA is a clear 502, plain HTTP to the TLS port is
 //! closed without an answer.
 
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -14,7 +14,7 @@ use super::AnalyzeOptions;
 
 /// The cross-check over the steady runs, the proxy side read pro rata from the timeline.
 fn crosscheck(tl: &ReplayTimeline, p: &Pass1, opts: &AnalyzeOptions) -> Option<CrossCheck> {
-    use crate::scrape::report::{pro_rata_over, rows_for_spans, SteadySpan};
+    use super::crosscheck::{pro_rata_over, rows_for_spans, SteadySpan};
     let subset = !opts.filter.users.is_empty() || !opts.filter.models.is_empty();
     if p.server_samples.is_empty() || subset {
         return None;

@@ -332,7 +332,7 @@ impl Pass1 {
         };
         let mut sweep = LevelSweep::new();
         for_each_by_start(&mut self.spills, |e| {
-            sweep.push(e.start, e.end, e.in_flight_at_start, e.tok_s, &mut visit)
+            sweep.push(e.start, e.end, e.in_flight_at_start, e.tok_s, &mut visit);
         })?;
         sweep.finish(&mut visit);
         Ok(out)

@@ -47,9 +47,9 @@ pub struct CrossCheck {
     /// `server_sample` lines used.
     pub samples: u64,
     /// One row per steady window (same order as `timeline.steady_windows`).
-    pub steady_windows: Vec<crate::scrape::report::CrossRow>,
+    pub steady_windows: Vec<super::crosscheck::CrossRow>,
     /// From the first to the last sample.
-    pub overall: Option<crate::scrape::report::CrossRow>,
+    pub overall: Option<super::crosscheck::CrossRow>,
 }
 
 /// What was read and what was skipped.

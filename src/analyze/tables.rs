@@ -42,7 +42,10 @@ pub struct Grid {
 /// A grid from headers and rows.
 pub fn grid(headers: &[&str], rows: &[Vec<String>]) -> Grid {
     Grid {
-        headers: headers.iter().map(|h| h.to_string()).collect(),
+        headers: headers
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect(),
         rows: rows.to_vec(),
     }
 }

@@ -198,9 +198,9 @@ mod tests {
         for i in 0..500 {
             let v = (i as f64 * 7.3) % 900.0 + 0.5;
             if i % 3 == 0 {
-                a.record(v)
+                a.record(v);
             } else {
-                b.record(v)
+                b.record(v);
             }
             all.record(v);
         }

@@ -17,23 +17,11 @@ use std::sync::Arc;
 
 use crate::record::{Outcome, RequestRecord};
 
-use super::engine::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
+use crate::exposition::{
+    escape_label as escape, header, REQUEST_BUCKETS as E2E_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS,
+};
 
-/// TTFT bucket upper bounds, seconds.
-pub const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-];
-/// TPOT bucket upper bounds, seconds.
-pub const TPOT_BUCKETS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0, 160.0, 640.0,
-];
-/// End-to-end latency bucket upper bounds, seconds.
-pub const E2E_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-    480.0, 960.0, 1920.0, 7680.0,
-];
+use super::labels::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
 
 /// A cumulative-on-render histogram with fixed bounds.
 #[derive(Debug, Clone)]
@@ -250,15 +238,4 @@ pub fn render_access_log(out: &mut String, dropped: u64) {
         "Access-log records dropped (channel full or writer gone).",
     );
     let _ = writeln!(out, "tokenmeter_access_log_dropped_total {dropped}");
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-/// Escapes a label value: backslash, double quote and newline.
-pub fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }

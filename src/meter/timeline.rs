@@ -35,8 +35,6 @@ use crate::record::RequestRecord;
 
 use super::histogram::LogHistogram;
 
-pub use super::inflight::{mean_level, InFlightIntegrator};
-
 /// Longest stretch (seconds, one day) an interval's tokens are spread over; earlier parts are dropped.
 pub const MAX_SPREAD_SECONDS: u64 = 86_400;
 
@@ -315,7 +313,7 @@ pub fn attribute_finish(
 
 /// Attributes a record replayed from a log (no per-event times): `sink(second, gen, prompt)`.
 pub fn attribute_record(record: &RequestRecord, sink: &mut impl FnMut(u64, f64, f64)) {
-    attribute_finish(record, 0.0, end_ns(record), 0, sink)
+    attribute_finish(record, 0.0, end_ns(record), 0, sink);
 }
 
 #[cfg(test)]

@@ -28,7 +28,9 @@ use crate::record::Outcome;
 use crate::sse::SseScanner;
 use crate::tls::{ListenerTls, UpstreamConnector};
 
-/// What every request of one proxy shares.
+/// What every request of one proxy shares. Built once; each further serving thread takes a copy
+/// with a pool of its own ([`ProxyState::with_pool`]).
+#[derive(Clone)]
 pub struct ProxyState {
     /// Settings.
     pub config: ServeConfig,
@@ -52,6 +54,17 @@ pub struct ProxyState {
     pub trackers: Arc<TrackerShared>,
     /// `/stats*` handler on this listener, when stats are served here.
     pub stats: Option<axum::Router>,
+}
+
+impl ProxyState {
+    /// A copy of this state with `client` as its upstream pool: a pooled connection's task lives
+    /// on the runtime that opened it, so every serving thread needs its own.
+    pub fn with_pool(&self, client: Client<UpstreamConnector, Full<Bytes>>) -> ProxyState {
+        ProxyState {
+            client,
+            ..self.clone()
+        }
+    }
 }
 
 /// Handles one request; never fails (every error is an HTTP answer). `framing` is what the head
@@ -109,7 +122,7 @@ pub async fn handle(
 /// line and a header unchanged); anything else is replaced by the proxy's own.
 fn valid_request_id(v: &HeaderValue) -> Option<&str> {
     let b = v.as_bytes();
-    let ok = (1..=128).contains(&b.len()) && b.iter().all(|c| c.is_ascii_graphic());
+    let ok = (1..=128).contains(&b.len()) && b.iter().all(u8::is_ascii_graphic);
     ok.then(|| v.to_str().ok()).flatten()
 }
 
@@ -223,15 +236,12 @@ async fn forward(
     }
     tracker.admit(meta);
 
-    let uri = match upstream_uri(state, &fwd_path, parts.uri.query()) {
-        Ok(u) => u,
-        Err(_) => {
-            return reject(
-                tracker,
-                ProxyError::bad_request("The request path is not valid."),
-                "invalid path",
-            )
-        }
+    let Ok(uri) = upstream_uri(state, &fwd_path, parts.uri.query()) else {
+        return reject(
+            tracker,
+            ProxyError::bad_request("The request path is not valid."),
+            "invalid path",
+        );
     };
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
@@ -388,11 +398,10 @@ fn classify_client_error(
     e: &hyper_util::client::legacy::Error,
 ) -> (ProxyError, Outcome, &'static str) {
     if e.is_connect() {
-        // The connector reports its own timeout as a plain error, not an io::Error.
-        let timed_out = io_kind(e) == Some(std::io::ErrorKind::TimedOut) || {
-            let d = format!("{e:?}");
-            d.contains("timed out") || d.contains("Timeout")
-        };
+        // The connector's own timeout arrives as an io::Error of kind TimedOut wrapping tokio's
+        // Elapsed; either, anywhere in the chain, is a timeout.
+        let timed_out = io_kind(e) == Some(std::io::ErrorKind::TimedOut)
+            || in_chain::<tokio::time::error::Elapsed>(e);
         let why = if timed_out {
             "connect timeout"
         } else if let Some(tls) = crate::tls::tls_failure(e) {
@@ -406,6 +415,18 @@ fn classify_client_error(
     }
     let why = "upstream closed the connection before answering";
     (ProxyError::bad_gateway(why), Outcome::UpstreamAborted, why)
+}
+
+/// Whether an error of type `T` is `e` or one of its sources.
+fn in_chain<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.is::<T>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
