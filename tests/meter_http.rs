@@ -230,7 +230,9 @@ async fn metrics_endpoint_serves_prometheus_text() {
         .contains("content-type: text/plain; version=0.0.4"));
     assert!(body.contains("tokenmeter_access_log_dropped_total 3\n"));
     assert!(body.contains("tokenmeter_requests_in_flight 1\n"));
-    assert!(body.contains("tokenmeter_requests_total{model=\"tiny-llama\",outcome=\"ok\"} 2\n"));
+    assert!(body.contains(
+        "tokenmeter_requests_total{model=\"tiny-llama\",api=\"chat\",outcome=\"ok\"} 2\n"
+    ));
 }
 
 #[test]

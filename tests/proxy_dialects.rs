@@ -546,3 +546,54 @@ async fn x_api_key_is_attributed_required_replaced_and_never_logged() {
         0
     );
 }
+
+#[tokio::test]
+async fn responses_and_messages_reach_stats_users_and_metrics() {
+    let up = FakeUpstream::start(vec![
+        agents("r02_responses_stream.http").script(Duration::from_millis(2)),
+        agents("m02_messages_stream.http").script(Duration::from_millis(2)),
+        agents("m01_messages_nonstream.http").script(Duration::ZERO),
+    ])
+    .await;
+    let proxy = TestProxy::start(&up.url(), |_| {}).await;
+    for (path, user, stream) in [
+        (RESPONSES, "codex", true),
+        (MESSAGES, "claude", true),
+        (MESSAGES, "claude", false),
+    ] {
+        let body = format!(r#"{{"model":"tiny-llama","stream":{stream}}}"#);
+        let r = raw_request(
+            proxy.addr,
+            &post(path, &body, &[("x-tokenmeter-user", user)]),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let v = raw_request(
+        proxy.addr,
+        b"GET /stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .json();
+    assert_schema("stats.schema.json", &v);
+    assert_eq!(v["totals"]["requests"], 3);
+    assert_eq!(v["totals"]["completion_tokens"], 8 + 8 + 16);
+    assert_eq!(v["totals"]["prompt_tokens"], 12 + 12 + 12);
+    assert_eq!(v["users"]["codex"]["totals"]["completion_tokens"], 8);
+    assert_eq!(v["users"]["claude"]["totals"]["requests"], 2);
+    let metrics = raw_request(
+        proxy.addr,
+        b"GET /stats/metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    let text = String::from_utf8(metrics.body).unwrap();
+    for needle in [
+        "tokenmeter_completion_tokens_total{model=\"tiny-llama\",api=\"responses\"} 8\n",
+        "tokenmeter_completion_tokens_total{model=\"tiny-llama\",api=\"messages\"} 24\n",
+        // One gap in the Responses stream (2 deltas), seven in the Messages stream (8 deltas).
+        "tokenmeter_inter_token_latency_seconds_count{model=\"tiny-llama\"} 8\n",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in {text}");
+    }
+    proxy.stop().await;
+}

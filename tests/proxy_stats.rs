@@ -57,7 +57,7 @@ async fn stats_reflect_traffic_and_validate() {
     .await;
     let text = String::from_utf8(metrics.body).unwrap();
     assert!(
-        text.contains("tokenmeter_completion_tokens_total{model=\"tiny-llama\"} 15"),
+        text.contains("tokenmeter_completion_tokens_total{model=\"tiny-llama\",api=\"chat\"} 15"),
         "{text}"
     );
     proxy.stop().await;

@@ -106,6 +106,9 @@ pub struct FinishedStats {
     pub tpot_ms: LogHistogram,
     /// End-to-end latency of each finished request that had one, ms.
     pub e2e_ms: LogHistogram,
+    /// Every ITL gap of the finished requests, ms (each request's histogram bins, at their
+    /// representative values).
+    pub itl_ms: LogHistogram,
 }
 
 impl FinishedStats {
@@ -123,6 +126,11 @@ impl FinishedStats {
         if let Some(v) = record.e2e_ms {
             self.e2e_ms.record(v);
         }
+        if let Some(itl) = &record.itl {
+            for (bin, n) in itl.bins() {
+                self.itl_ms.record_n(crate::itl::bin_value_ms(bin), n);
+            }
+        }
     }
 
     /// Adds everything in `other`.
@@ -131,6 +139,7 @@ impl FinishedStats {
         self.ttft_ms.merge(&other.ttft_ms);
         self.tpot_ms.merge(&other.tpot_ms);
         self.e2e_ms.merge(&other.e2e_ms);
+        self.itl_ms.merge(&other.itl_ms);
     }
 }
 
