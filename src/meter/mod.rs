@@ -28,6 +28,6 @@ pub mod window;
 
 pub use config::MeterConfig;
 pub use engine::Meter;
-pub use http::{admin_router, stats_router, StatsContext};
+pub use http::{admin_router, stats_router, StatsContext, StatsToken};
 pub use live::{spawn_meter, MeterHandle};
 pub use snapshot::{SnapshotError, SnapshotQuery, StatsSnapshot};
