@@ -181,6 +181,6 @@ mod tests {
     fn window_with_nulls_parses() {
         let w: ProxyWindow = serde_json::from_str(r#"{"seconds":10,"gen_tok_s":null,"steady":null,"in_flight":{"min":null,"max":3,"mean":1.5},"extra":1}"#).unwrap();
         assert_eq!(w.gen_tok_s, None);
-        assert_eq!(w.in_flight.unwrap().max, Some(3.0));
+        assert_eq!(w.in_flight.as_ref().unwrap().max, Some(3.0));
     }
 }

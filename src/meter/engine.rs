@@ -10,9 +10,10 @@ use crate::scrape::{ServerSample, ServerTrack};
 
 use super::capacity::{CapacityAccumulator, RequestLevel};
 use super::config::{MeterConfig, MAX_HORIZON_S};
+use super::levels::{GuardKey, LevelAttribution};
 use super::prometheus::PromState;
 use super::scope::Scope;
-use super::timeline::{mean_level, second_of};
+use super::timeline::{generation_interval, mean_level, second_of};
 
 /// Name of the scope that collects users beyond the cap and models beyond [`MAX_TRACKED_MODELS`].
 pub const OTHER: &str = "other";
@@ -28,6 +29,11 @@ struct OpenRequest {
     model: Arc<str>,
     attributed: f64,
     area_start: u128,
+    /// The previous token event's time (`None` before the first).
+    last_token_ns: Option<UnixNanos>,
+    /// The first token event's time.
+    first_token_ns: Option<UnixNanos>,
+    guard: GuardKey,
 }
 
 /// The live accounting of generation requests: aggregate, per-user and per-model seconds,
@@ -42,6 +48,8 @@ pub struct Meter {
     pub(super) models: HashMap<Arc<str>, Scope>,
     open: HashMap<u64, OpenRequest, BuildHasherDefault<IdHasher>>,
     pub(super) capacity: CapacityAccumulator,
+    /// The production-traffic curve's attribution (aggregate scope).
+    pub(super) levels: LevelAttribution,
     finalized_to: u64,
     last_tick_sec: u64,
     pub(super) prom: PromState,
@@ -88,6 +96,7 @@ impl Meter {
         config.windows_s.retain(|w| (1..=h).contains(w));
         config.max_tracked_users = config.max_tracked_users.max(1);
         let origin_sec = second_of(origin);
+        let levels = LevelAttribution::new(config.guard(), origin);
         Meter {
             prom: PromState::new(config.metrics_user_label, config.max_tracked_users),
             config,
@@ -98,6 +107,7 @@ impl Meter {
             models: HashMap::new(),
             open: HashMap::default(),
             capacity: CapacityAccumulator::new(),
+            levels,
             finalized_to: origin_sec,
             last_tick_sec: origin_sec,
             server: None,
@@ -145,7 +155,16 @@ impl Meter {
             }
             self.finalized_to = limit;
         }
-        self.aggregate.ring.evict_before(floor);
+        self.aggregate.evict_before(floor);
+        // A segment is final once every open request's remaining tokens would be spread after it.
+        let decode_from = self
+            .open
+            .values()
+            .map(|o| o.first_token_ns.unwrap_or(o.start_ns))
+            .min()
+            .unwrap_or(now);
+        self.levels.advance(now);
+        self.levels.finalize_before(decode_from);
         if let Some(t) = &mut self.server {
             t.evict_before(floor.saturating_mul(NANOS_PER_SEC));
         }
@@ -157,7 +176,7 @@ impl Meter {
             if s.in_flight.level() > 0 {
                 s.advance(now, floor);
             }
-            s.ring.evict_before(floor);
+            s.evict_before(floor);
         }
     }
 
@@ -228,6 +247,7 @@ impl Meter {
             s.start(now, floor);
         }
         let area_start = self.aggregate.in_flight.area_ns();
+        let guard = self.levels.arrive(now);
         self.open.insert(
             id,
             OpenRequest {
@@ -236,6 +256,9 @@ impl Meter {
                 model,
                 attributed: 0.0,
                 area_start,
+                last_token_ns: None,
+                first_token_ns: None,
+                guard,
             },
         );
     }
@@ -249,6 +272,17 @@ impl Meter {
         };
         let d = delta as f64;
         o.attributed += d;
+        // The tokens were made over the gap since this request's previous event (its decode
+        // steps); the first event also ends the newcomer's guard.
+        let from = o.last_token_ns.unwrap_or(o.start_ns);
+        if o.first_token_ns.is_none() {
+            o.first_token_ns = Some(now);
+            self.levels.first_token(now, o.guard);
+        } else {
+            self.levels.advance(now);
+        }
+        self.levels.tokens(from, now, d);
+        o.last_token_ns = Some(o.last_token_ns.map_or(now, |t| t.max(now)));
         self.aggregate.tokens(now, d, floor);
         if let Some(s) = self.users.get_mut(&o.user) {
             s.tokens(now, d, floor);
@@ -290,6 +324,14 @@ impl Meter {
             .flatten()
         {
             s.finish(now, record, attributed, started, floor);
+        }
+        if let Some(o) = &open {
+            self.levels.depart(now, o.guard);
+            if let Some(total) = record.completion_tokens {
+                let (from, to) = generation_interval(record, now);
+                self.levels
+                    .tokens(from.max(o.start_ns), to, total as f64 - o.attributed);
+            }
         }
         let level = match &open {
             Some(o) => mean_level(

@@ -11,6 +11,8 @@ pub mod engine;
 pub mod histogram;
 pub mod http;
 pub mod inflight;
+pub mod level_time;
+pub mod levels;
 pub mod live;
 pub mod prometheus;
 pub mod replay;
