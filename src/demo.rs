@@ -5,11 +5,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
-use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 use crate::config::ServeConfig;
 use crate::sim::SimConfig;
@@ -67,15 +62,13 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     } else {
         println!("No synthetic agents (--agents 0); Ctrl-C stops.");
     }
-    let agents: Vec<_> = (0..args.agents)
-        .map(|i| tokio::spawn(agent(proxy.addr(), i)))
-        .collect();
+    let agents = (args.agents > 0).then(|| tokio::spawn(agents(proxy.addr(), args.agents)));
     let ticker = tokio::spawn(report_every_10s(proxy.meter().clone()));
     match args.duration_s {
         Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
         None => crate::proxy::wait_for_shutdown_signal(|| {}).await,
     }
-    for a in agents {
+    if let Some(a) = agents {
         a.abort();
     }
     ticker.abort();
@@ -84,36 +77,46 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One synthetic agent: requests of varied size, streaming or not, with think time between.
-async fn agent(proxy: SocketAddr, index: usize) {
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
-    let mut rng = SmallRng::seed_from_u64(index as u64 + 1);
-    let user = format!("agent-{index}");
-    loop {
-        let words = rng.gen_range(10..2000);
-        let prompt: String = (0..words)
-            .map(|w| if w % 7 == 0 { "fn " } else { "code " })
-            .collect();
-        let stream = rng.gen_bool(0.7);
-        let max_tokens = rng.gen_range(20..300);
-        let body = serde_json::json!({
-            "model": "sim-model",
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens,
-            "stream": stream,
-        });
-        let req = http::Request::post(format!("http://{proxy}/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .header("x-tokenmeter-user", &user)
-            .body(Full::new(Bytes::from(body.to_string())));
-        if let Ok(req) = req {
-            if let Ok(resp) = client.request(req).await {
-                let _ = resp.into_body().collect().await;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(200..3000))).await;
-    }
+/// The demo's synthetic agents: `tokenmeter load`'s agent-like traffic (distinct users, prompts
+/// of 10 to 2,000 words, 70 % streaming, 20 to 300 output tokens, 0.2–3 s think time).
+async fn agents(proxy: SocketAddr, agents: usize) {
+    use crate::load::{AgentSpec, Arrivals, ChatSpec, Dist, HttpClient, NoProgress};
+    let client = HttpClient::new(
+        format!("http://{proxy}"),
+        None,
+        None,
+        Duration::from_secs(600),
+    );
+    let base = ChatSpec {
+        model: "sim-model".into(),
+        prompt: String::new(),
+        max_tokens: 0,
+        stream: true,
+        ignore_eos: false,
+    };
+    let spec = AgentSpec {
+        think_ms: Dist::Uniform {
+            min: 200,
+            max: 3000,
+        },
+        prompt_words: Dist::Uniform { min: 10, max: 2000 },
+        output_tokens: Dist::Uniform { min: 20, max: 300 },
+        stream_share: 0.7,
+        seed: 1,
+    };
+    // Runs until the demo aborts the task (a century is "until Ctrl-C").
+    let forever = Duration::from_secs(100 * 365 * 86_400);
+    crate::load::agents::run_agents(
+        &client,
+        &base,
+        None,
+        Arrivals::Agents { agents },
+        spec,
+        forever,
+        Duration::from_secs(3600),
+        &NoProgress,
+    )
+    .await;
 }
 
 /// Prints the 10 s window every 10 s, so the demo shows what `/stats` holds.
@@ -130,10 +133,25 @@ async fn report_every_10s(meter: crate::meter::MeterHandle) {
         let Ok(snap) = meter.snapshot(now, q, "", &Default::default()).await else {
             return;
         };
+        // The best-founded row of the production-traffic curve: the level with the most time.
+        let capacity = snap
+            .capacity_production
+            .iter()
+            .filter(|r| !r.thin)
+            .max_by(|a, b| a.seconds.total_cmp(&b.seconds))
+            .and_then(|r| {
+                r.gen_tok_s.map(|g| {
+                    format!(
+                        "; capacity at {} in flight: {g:.1} tok/s ({:.0} s measured)",
+                        r.in_flight, r.seconds
+                    )
+                })
+            })
+            .unwrap_or_default();
         let v = serde_json::to_value(&snap).unwrap_or_default();
         let w = &v["windows"]["10s"];
         println!(
-            "last 10 s: {:.1} tok/s generated, {} requests finished, in flight {}..{}{}; users {}",
+            "last 10 s: {:.1} tok/s generated, {} requests finished, in flight {}..{}{}; users {}{capacity}",
             w["gen_tok_s"].as_f64().unwrap_or(0.0),
             w["requests_finished"].as_u64().unwrap_or(0),
             w["in_flight"]["min"].as_u64().unwrap_or(0),

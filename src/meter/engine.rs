@@ -329,8 +329,14 @@ impl Meter {
             self.levels.depart(now, o.guard);
             if let Some(total) = record.completion_tokens {
                 let (from, to) = generation_interval(record, now);
+                // Without a token event (non-streamed) the tokens were made after the newcomer's
+                // guard, not during its queueing and prefill.
+                let from = match o.first_token_ns {
+                    Some(_) => from.max(o.start_ns),
+                    None => o.start_ns.saturating_add(self.config.guard().guard_max_ns),
+                };
                 self.levels
-                    .tokens(from.max(o.start_ns), to, total as f64 - o.attributed);
+                    .tokens(from.min(to), to, total as f64 - o.attributed);
             }
         }
         let level = match &open {
