@@ -1,5 +1,5 @@
 //! What the passes accumulate. Pass 1 (one accumulator per worker, merged) keeps everything that
-//! is order-independent and bounded by seconds, levels and users, and spills 28 bytes per request
+//! is order-independent and bounded by seconds, levels and users, and spills 48 bytes per request
 //! for pass 2; pass 2 reads the spill against the finished timeline (each request's mean in-flight
 //! level) and keeps only per-level min/max tok/s.
 

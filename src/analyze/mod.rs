@@ -2,7 +2,7 @@
 //!
 //! Pass 1 parses every input once, in parallel chunks, adding each selected record into
 //! order-independent per-second sums ([`crate::meter::replay`]), per-level and per-user
-//! histograms, and spilling 28 bytes per generation request to a temporary file ([`spill`]). The
+//! histograms, and spilling 48 bytes per generation request to a temporary file ([`spill`]). The
 //! sweep turns the sums into the timeline; pass 2 reads the spill and files each request's tok/s
 //! under its exact mean in-flight level (a sweep in arrival order over the spill's sorted runs) for
 //! the curve's per-request min/max. Memory follows the number of active seconds, levels, users and
