@@ -48,14 +48,12 @@ async fn new_rig() -> Rig {
     Rig { sim, proxy }
 }
 
-/// Busy agents: think 0.2–1.8 s against answers of 100–600 tokens (about 5–30 s each), so the
-/// level stays near N with constant turnover; prompts of 10–2,000 words.
+/// Busy agents: think 0.1–0.7 s against answers of 100–600 tokens (about 5–30 s each), so the
+/// level stays near N with constant turnover (at 16 agents a request ends about every second);
+/// prompts of 10–2,000 words (up to 0.3 s of prefill each).
 fn busy_agents() -> AgentSpec {
     AgentSpec {
-        think_ms: Dist::Uniform {
-            min: 200,
-            max: 1800,
-        },
+        think_ms: Dist::Uniform { min: 100, max: 700 },
         prompt_words: Dist::Uniform { min: 10, max: 2000 },
         output_tokens: Dist::Uniform { min: 100, max: 600 },
         stream_share: 1.0,
