@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
@@ -136,13 +135,6 @@ impl Default for Timeouts {
             body_idle_ms: 900_000,
             pool_idle_ms: 90_000,
         }
-    }
-}
-
-impl Timeouts {
-    /// `ms` as a duration.
-    pub fn dur(ms: u64) -> Duration {
-        Duration::from_millis(ms)
     }
 }
 

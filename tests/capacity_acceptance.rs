@@ -12,6 +12,9 @@
 //! Slow (minutes): `scripts/capacity_acceptance.sh` runs them (CI does, via `.ci/run`).
 //! `CAPACITY_TRUTH_S` sets the length of the 16-agent run (default 180 s).
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;

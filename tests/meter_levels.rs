@@ -3,6 +3,9 @@
 //! time, varied prompts and lengths; its events reach the meter with a little delivery jitter,
 //! exactly as the proxy would report them. The truth per level is N x 1000 / (12.2 + 2.1 N) tok/s.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod meter_support;
 
 use std::cell::RefCell;

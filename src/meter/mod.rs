@@ -11,6 +11,7 @@ pub mod engine;
 pub mod histogram;
 pub mod http;
 pub mod inflight;
+pub mod labels;
 pub mod level_time;
 pub mod levels;
 pub mod live;

@@ -6,9 +6,10 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use crate::clock::UnixNanos;
 use crate::record::{Outcome, RequestRecord};
 
+use super::inflight::InFlightIntegrator;
 use super::level_time::LevelTime;
 use super::ring::Ring;
-use super::timeline::{attribute_finish, second_of, InFlightIntegrator};
+use super::timeline::{attribute_finish, second_of};
 
 /// Finished requests per outcome; serialized as an object with every outcome's name.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -29,14 +29,14 @@ use tokio::task::JoinSet;
 pub use body::BoxError;
 pub use forward::ProxyState;
 pub use headers::strip_hop_by_hop;
-pub use tracker::{InFlight, Observer, RequestMeta, Tracker, TrackerShared};
+pub use tracker::{InFlight, RequestMeta, Tracker, TrackerShared};
 
 use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
-use crate::clock::{Clock, UnixNanos};
+use crate::clock::Clock;
 use crate::config::{ServeArgs, ServeConfig};
 use crate::meter::{spawn_meter, stats_router, MeterHandle, StatsContext};
-use crate::record::RequestRecord;
-use crate::scrape::{spawn_scraper, ScrapeConfig, ScrapeCounters};
+use crate::observe::Observer;
+use crate::scrape::{spawn_scraper, SampleSink, ScrapeConfig, ScrapeCounters};
 
 /// The body of every response the proxy sends.
 pub enum ProxyBody {
@@ -177,18 +177,10 @@ pub async fn spawn(
     let meter = spawn_meter(config.meter.clone());
     observers.push(Arc::new(meter.clone()));
     let mut scrape = None;
-    let mut scraper = None;
     if let Some(url) = config.metrics_uri()? {
         let cfg = ScrapeConfig::new(url, config.metrics_scrape_interval_s);
-        let c = Arc::new(ScrapeCounters::default());
         meter.enable_server_crosscheck(config.disagreement_threshold_pct);
-        scraper = Some(spawn_scraper(
-            cfg.clone(),
-            meter.clone(),
-            log_sink,
-            c.clone(),
-        ));
-        scrape = Some((cfg, c));
+        scrape = Some((cfg, Arc::new(ScrapeCounters::default())));
     }
     let stats = stats_router(
         meter.clone(),
@@ -197,7 +189,7 @@ pub async fn spawn(
             bearer_token: config.stats_token.as_ref().map(|s| s.0.clone()),
             access_log: counters.clone(),
             started: Clock::global().now(),
-            scrape,
+            scrape: scrape.clone(),
         },
     );
     let upstream = config.upstream_uri()?;
@@ -223,6 +215,15 @@ pub async fn spawn(
         observers,
         Duration::from_secs(config.meter.cold_start_idle_s),
     ));
+    let scraper = scrape.map(|(cfg, counters)| {
+        let m = meter.clone();
+        let mut sinks: Vec<SampleSink> = vec![Box::new(move |s| m.server_sample(s.clone()))];
+        if let Some(log) = log_sink {
+            sinks.push(Box::new(move |s| log.server_sample(Arc::new(s.clone()))));
+        }
+        let t = trackers.clone();
+        spawn_scraper(cfg, move || t.in_flight.current(), sinks, counters)
+    });
     let state = Arc::new(ProxyState {
         upstream_host: http::HeaderValue::from_str(authority.as_str())?,
         upstream_base,
@@ -235,7 +236,12 @@ pub async fn spawn(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut serving = Vec::new();
     for i in 0..serving_threads(&state.config) {
-        serving.push(serve_on_own_thread(i, state.clone(), stop_rx.clone())?);
+        serving.push(serve_on_own_thread(
+            i,
+            false,
+            state.clone(),
+            stop_rx.clone(),
+        )?);
     }
     let task = tokio::spawn(accept_loop(
         listener,
@@ -282,7 +288,7 @@ fn serve_stats_on_own_thread(
                         let _ = stopped.await;
                     })
                     .await;
-            })
+            });
         })?;
     Ok(stop)
 }
@@ -302,15 +308,16 @@ fn upstream_client(config: &ServeConfig) -> Client<HttpConnector, http_body_util
 /// Threads that accept and serve connections: one per core unless `serving_threads` says.
 fn serving_threads(config: &ServeConfig) -> usize {
     match config.serving_threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
         n => n,
     }
 }
 
-/// A serving thread: where to hand it connections, and word of its end.
+/// A serving thread: where to hand it connections, word of its end, and the thread to join.
 struct ServingThread {
     conns: tokio::sync::mpsc::UnboundedSender<(std::net::TcpStream, SocketAddr)>,
     done: oneshot::Receiver<()>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 /// Serves the connections it is handed on a thread with a single-threaded runtime of its own, as
@@ -319,6 +326,7 @@ struct ServingThread {
 /// for about one streamed event in seven at 16 streams).
 fn serve_on_own_thread(
     index: usize,
+    replacement: bool,
     shared: Arc<ProxyState>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<ServingThread> {
@@ -327,23 +335,17 @@ fn serve_on_own_thread(
         .build()?;
     let (conns, mut incoming) = tokio::sync::mpsc::unbounded_channel();
     let (done, finished) = oneshot::channel();
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name(format!("tokenmeter-serve-{index}"))
         .spawn(move || {
             runtime.block_on(async move {
                 // Each thread pools its own upstream connections (a pooled connection's task
-                // lives on the runtime that opened it); the first uses the template's pool.
-                let state = if index == 0 {
+                // lives on the runtime that opened it); the first uses the template's pool, a
+                // replacement never (the pool's tasks died with the thread it replaces).
+                let state = if index == 0 && !replacement {
                     shared
                 } else {
-                    Arc::new(ProxyState {
-                        client: upstream_client(&shared.config),
-                        config: shared.config.clone(),
-                        upstream_base: shared.upstream_base.clone(),
-                        upstream_host: shared.upstream_host.clone(),
-                        trackers: shared.trackers.clone(),
-                        stats: shared.stats.clone(),
-                    })
+                    Arc::new(shared.with_pool(upstream_client(&shared.config)))
                 };
                 let builder = connection_builder(&state.config);
                 let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -386,6 +388,7 @@ fn serve_on_own_thread(
     Ok(ServingThread {
         conns,
         done: finished,
+        thread,
     })
 }
 
@@ -413,7 +416,7 @@ async fn accept_loop(
     listener: TcpListener,
     mut shutdown: oneshot::Receiver<()>,
     stop: tokio::sync::watch::Sender<bool>,
-    serving: Vec<ServingThread>,
+    mut serving: Vec<ServingThread>,
     state: Arc<ProxyState>,
     log: Option<Arc<AccessLogWriter>>,
     scraper: Option<tokio::task::JoinHandle<()>>,
@@ -434,8 +437,25 @@ async fn accept_loop(
                 };
                 let _ = stream.set_nodelay(true);
                 let Ok(stream) = stream.into_std() else { continue };
-                let _ = serving[next % serving.len()].conns.send((stream, remote));
+                let i = next % serving.len();
                 next = next.wrapping_add(1);
+                if let Err(refused) = serving[i].conns.send((stream, remote)) {
+                    // Its thread is gone (a panic outside any connection task): say so, start
+                    // a replacement, and hand this connection to it rather than close it.
+                    tracing::error!(thread = i, "a serving thread died; starting a replacement");
+                    match serve_on_own_thread(i, true, state.clone(), stop.subscribe()) {
+                        Ok(t) => {
+                            let _ = t.conns.send(refused.0);
+                            let dead = std::mem::replace(&mut serving[i], t);
+                            if let Err(panic) = dead.thread.join() {
+                                tracing::error!(thread = i, panic = ?panic.downcast_ref::<&str>(), "the dead serving thread panicked");
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(thread = i, error = %e, "cannot start a replacement serving thread; the connection is closed");
+                        }
+                    }
+                }
             }
         }
     }
@@ -452,6 +472,8 @@ async fn accept_loop(
     let _ = stop.send(true);
     for t in serving {
         let _ = t.done.await;
+        // It has sent `done` as its last act, so this returns at once.
+        let _ = t.thread.join();
     }
     if let Some(log) = log {
         log.close().await;
@@ -494,22 +516,6 @@ pub async fn wait_for_shutdown_signal(on_hup: impl Fn()) {
             _ = term.recv() => return,
             _ = int.recv() => return,
             _ = hup.recv() => on_hup(),
-        }
-    }
-}
-
-impl Observer for MeterHandle {
-    fn started(&self, id: u64, now: UnixNanos, user: &Arc<str>, model: Option<&Arc<str>>) {
-        MeterHandle::started(self, id, now, user.clone(), model.cloned());
-    }
-
-    fn tokens(&self, id: u64, now: UnixNanos, completion_tokens: u64) {
-        MeterHandle::tokens(self, id, now, completion_tokens);
-    }
-
-    fn finished(&self, now: UnixNanos, record: &Arc<RequestRecord>, metered: bool) {
-        if record.is_generation() {
-            MeterHandle::finished(self, now, record.clone(), metered);
         }
     }
 }
