@@ -15,8 +15,10 @@
 //! * **The guard.** An arrival opens a guard that lasts until the newcomer's first token: that is
 //!   the newcomer's queueing and prefill, during which the engine runs one fewer sequence than
 //!   the proxy counts and its prefill step stalls everyone's decode. A request that has passed no
-//!   token after `guard_max_ns` (a non-streamed one, whose tokens the proxy sees only at the end)
-//!   closes its guard then. `guard_extra_ns` (default 0) extends the guard after the first token
+//!   token after the cap (a non-streamed one, whose tokens the proxy sees only at the end) closes
+//!   its guard then. The cap is `guard_max_ns`, or twice the longest of the last
+//!   [`RECENT_TTFTS`] first-token delays seen when that is longer: a loaded server's slow first
+//!   tokens must not let their prefill into clean time. `guard_extra_ns` (default 0) extends the guard after the first token
 //!   and opens one after each departure. Time under any guard is *guarded*; the rest is *clean*.
 //! * Per level N: clean seconds, the tokens credited to them, the aggregate rate
 //!   `clean tokens / clean seconds`, and (to measure the guard's effect) the same over all the
@@ -29,7 +31,7 @@
 //! segment kept, so tokens are never lost).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 
 use serde::Serialize;
 
@@ -37,13 +39,17 @@ use crate::clock::{UnixNanos, NANOS_PER_SEC};
 
 use super::summary::Percentiles;
 
+/// First-token delays remembered for the guard's cap.
+pub const RECENT_TTFTS: usize = 64;
+
 /// Most segments kept unfinalized; beyond that the oldest are finalized early.
 pub const MAX_SEGMENTS: usize = 200_000;
 
 /// How long guards last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GuardConfig {
-    /// An arrival's guard closes at this age when no token of the newcomer has passed, ns.
+    /// An arrival's guard closes at this age when no token of the newcomer has passed, ns (at
+    /// least; see the module's guard rule).
     pub guard_max_ns: u64,
     /// Added after the newcomer's first token, and opened after each departure, ns.
     pub guard_extra_ns: u64,
@@ -93,6 +99,10 @@ pub struct LevelAttribution {
     history: VecDeque<Segment>,
     /// Guards opened by arrivals and not yet closed.
     open_guards: HashSet<u64>,
+    /// Arrival times of requests whose first token has not passed (their guard may be closed).
+    arrivals: HashMap<u64, UnixNanos>,
+    /// The last first-token delays, ns.
+    recent_ttft: VecDeque<u64>,
     /// Deadlines: (when, key); key 0 is an anonymous extra guard.
     deadlines: BinaryHeap<Reverse<(UnixNanos, u64)>>,
     /// Anonymous extra guards running.
@@ -118,6 +128,8 @@ impl LevelAttribution {
             level: 0,
             history,
             open_guards: HashSet::new(),
+            arrivals: HashMap::new(),
+            recent_ttft: VecDeque::new(),
             deadlines: BinaryHeap::new(),
             extra_guards: 0,
             next_key: 1,
@@ -197,8 +209,10 @@ impl LevelAttribution {
         self.next_key += 1;
         self.level += 1;
         self.open_guards.insert(key);
-        self.deadlines
-            .push(Reverse((now.saturating_add(self.cfg.guard_max_ns), key)));
+        self.arrivals.insert(key, now);
+        let longest = self.recent_ttft.iter().max().copied().unwrap_or(0);
+        let cap = self.cfg.guard_max_ns.max(longest.saturating_mul(2));
+        self.deadlines.push(Reverse((now.saturating_add(cap), key)));
         self.split(self.now);
         GuardKey(key)
     }
@@ -206,6 +220,12 @@ impl LevelAttribution {
     /// The newcomer of `key` passed its first token at `now`: its guard closes (plus the extra).
     pub fn first_token(&mut self, now: UnixNanos, key: GuardKey) {
         self.advance(now);
+        if let Some(arrival) = self.arrivals.remove(&key.0) {
+            if self.recent_ttft.len() == RECENT_TTFTS {
+                self.recent_ttft.pop_front();
+            }
+            self.recent_ttft.push_back(now.saturating_sub(arrival));
+        }
         if self.open_guards.remove(&key.0) {
             self.extra_guard(self.now);
             self.split(self.now);
@@ -217,6 +237,7 @@ impl LevelAttribution {
     pub fn depart(&mut self, now: UnixNanos, key: GuardKey) {
         self.advance(now);
         self.open_guards.remove(&key.0);
+        self.arrivals.remove(&key.0);
         self.level = self.level.saturating_sub(1);
         self.extra_guard(self.now);
         self.split(self.now);
@@ -450,6 +471,22 @@ mod tests {
         let s = a.sums()[&1];
         assert_eq!(s.guard_ns, 300 * MS);
         assert_eq!(s.clean_ns, 700 * MS);
+    }
+
+    #[test]
+    fn the_cap_follows_slow_first_tokens() {
+        let mut a = LevelAttribution::new(GuardConfig::default(), 0);
+        let k = a.arrive(0);
+        a.first_token(1500 * MS, k);
+        a.depart(2 * S, k);
+        // The first guard closed at the 1 s cap; the next request passes no token, and its guard
+        // lasts twice the 1.5 s first-token delay seen.
+        let k = a.arrive(10 * S);
+        a.advance(20 * S);
+        a.depart(20 * S, k);
+        a.advance(21 * S);
+        a.finalize_before(21 * S);
+        assert_eq!(a.sums()[&1].guard_ns, S + 3 * S);
     }
 
     #[test]
