@@ -5,9 +5,19 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 use crate::config::ServeConfig;
+use crate::load::Api;
 use crate::sim::SimConfig;
+
+/// The APIs the synthetic agents speak, by agent index: a team whose agents differ (a chat client,
+/// a Codex-style Responses agent, a Claude-Code-style Messages agent, a completions tool).
+const AGENT_APIS: [Api; 4] = [Api::Chat, Api::Responses, Api::Messages, Api::Completions];
 
 /// Arguments of `tokenmeter demo`.
 #[derive(Debug, clap::Args)]
@@ -58,17 +68,26 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     println!("                      -H 'x-tokenmeter-user: me' -d '{{\"model\":\"sim-model\",\"stream\":true,\"max_tokens\":20,\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'");
     println!();
     if args.agents > 0 {
-        println!("{} synthetic agents are sending requests (varied prompts, some streaming); Ctrl-C stops.", args.agents);
+        let apis: Vec<&str> = (0..args.agents.min(AGENT_APIS.len()))
+            .map(|i| AGENT_APIS[i].as_str())
+            .collect();
+        println!(
+            "{} synthetic agents are sending requests (varied prompts, some streaming; APIs: {}); Ctrl-C stops.",
+            args.agents,
+            apis.join(", ")
+        );
     } else {
         println!("No synthetic agents (--agents 0); Ctrl-C stops.");
     }
-    let agents = (args.agents > 0).then(|| tokio::spawn(agents(proxy.addr(), args.agents)));
+    let agents: Vec<_> = (0..args.agents)
+        .map(|i| tokio::spawn(agent(proxy.addr(), i)))
+        .collect();
     let ticker = tokio::spawn(report_every_10s(proxy.meter().clone()));
     match args.duration_s {
         Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
         None => crate::proxy::wait_for_shutdown_signal(|| {}).await,
     }
-    if let Some(a) = agents {
+    for a in agents {
         a.abort();
     }
     ticker.abort();
@@ -77,46 +96,37 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The demo's synthetic agents: `tokenmeter load`'s agent-like traffic (distinct users, prompts
-/// of 10 to 2,000 words, 70 % streaming, 20 to 300 output tokens, 0.2–3 s think time).
-async fn agents(proxy: SocketAddr, agents: usize) {
-    use crate::load::{AgentSpec, Arrivals, ChatSpec, Dist, HttpClient, NoProgress};
-    let client = HttpClient::new(
-        format!("http://{proxy}"),
-        None,
-        None,
-        Duration::from_secs(600),
-    );
-    let base = ChatSpec {
-        model: "sim-model".into(),
-        prompt: String::new(),
-        max_tokens: 0,
-        stream: true,
-        ignore_eos: false,
-    };
-    let spec = AgentSpec {
-        think_ms: Dist::Uniform {
-            min: 200,
-            max: 3000,
-        },
-        prompt_words: Dist::Uniform { min: 10, max: 2000 },
-        output_tokens: Dist::Uniform { min: 20, max: 300 },
-        stream_share: 0.7,
-        seed: 1,
-    };
-    // Runs until the demo aborts the task (a century is "until Ctrl-C").
-    let forever = Duration::from_secs(100 * 365 * 86_400);
-    crate::load::agents::run_agents(
-        &client,
-        &base,
-        None,
-        Arrivals::Agents { agents },
-        spec,
-        forever,
-        Duration::from_secs(3600),
-        &NoProgress,
-    )
-    .await;
+/// One synthetic agent: requests of varied size in its API ([`AGENT_APIS`]), streaming or not,
+/// with think time between.
+async fn agent(proxy: SocketAddr, index: usize) {
+    let api = AGENT_APIS[index % AGENT_APIS.len()];
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let mut rng = SmallRng::seed_from_u64(index as u64 + 1);
+    let user = format!("agent-{index}");
+    loop {
+        let words = rng.gen_range(10..2000);
+        let prompt: String = (0..words)
+            .map(|w| if w % 7 == 0 { "fn " } else { "code " })
+            .collect();
+        let stream = rng.gen_bool(0.7);
+        let max_tokens = rng.gen_range(20..300);
+        let body =
+            crate::load::api::body(api, "sim-model", &prompt, max_tokens, stream, false, None);
+        let mut req = http::Request::post(format!("http://{proxy}{}", crate::load::api::path(api)))
+            .header("content-type", "application/json")
+            .header("x-tokenmeter-user", &user);
+        if api == Api::Messages {
+            req = req.header("anthropic-version", "2023-06-01");
+        }
+        let req = req.body(Full::new(Bytes::from(body)));
+        if let Ok(req) = req {
+            if let Ok(resp) = client.request(req).await {
+                let _ = resp.into_body().collect().await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(200..3000))).await;
+    }
 }
 
 /// Prints the 10 s window every 10 s, so the demo shows what `/stats` holds.

@@ -11,6 +11,7 @@ pub mod demo;
 pub mod dialect;
 pub mod error;
 pub mod exposition;
+pub mod fold;
 pub mod itl;
 pub mod load;
 pub mod meter;
