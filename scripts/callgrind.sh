@@ -15,8 +15,9 @@ requests=${REQUESTS:-20}
 events=${EVENTS:-64}
 sim_port=${SIM_PORT:-18101}
 proxy_port=${PROXY_PORT:-18102}
-cargo build --release --bin tokenmeter >&2
-bin=target/release/tokenmeter
+# The profiling profile is the release build with line tables, so functions have names.
+cargo build --profile profiling --bin tokenmeter >&2
+bin=target/profiling/tokenmeter
 dir=$(mktemp -d)
 pids=()
 cleanup() {

@@ -10,16 +10,41 @@ use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
 use crate::record::UserSource;
+use crate::tls::{ListenTlsConfig, UpstreamTlsConfig};
 
 /// Environment variables with this prefix override config keys (`__` separates nesting levels).
 pub const ENV_PREFIX: &str = "TOKENMETER_";
 /// Environment variables with the prefix that are not config keys.
-const ENV_RESERVED: [&str; 2] = ["TOKENMETER_LOG", "TOKENMETER_CONFIG"];
+const ENV_RESERVED: [&str; 3] = [
+    "TOKENMETER_LOG",
+    "TOKENMETER_CONFIG",
+    "TOKENMETER_LOG_FORMAT",
+];
 
-/// A secret string: deserialized as plain text, never printed.
-#[derive(Clone, PartialEq, Eq, Deserialize, Serialize)]
+/// Marks an error as the configuration's fault (exit status 2); the message is the context's.
+#[derive(Debug, Clone, Copy)]
+pub struct InvalidConfig;
+
+impl fmt::Display for InvalidConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("invalid configuration")
+    }
+}
+
+/// What a secret prints and serializes as.
+pub const REDACTED: &str = "<redacted>";
+
+/// A secret string: deserialized as plain text, never printed; serialized (by `--check-config`)
+/// as [`REDACTED`].
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
 pub struct Secret(pub String);
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(REDACTED)
+    }
+}
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -28,7 +53,7 @@ impl fmt::Debug for Secret {
 }
 
 /// Everything `serve` needs.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServeConfig {
     /// Address the proxy listens on.
@@ -39,8 +64,21 @@ pub struct ServeConfig {
     pub access_log: Option<PathBuf>,
     /// Records the access log may queue before new ones are dropped (and counted).
     pub access_log_buffer: usize,
-    /// Separate address for `/stats*`; when set, `/stats` on `listen` passes through upstream.
+    /// Separate address for `/stats*`, `/healthz` and `/readyz`; when set, `/stats` on `listen`
+    /// passes through upstream.
     pub admin_listen: Option<String>,
+    /// TLS on `listen` (and `admin_listen`): off unless a certificate and key are given.
+    pub tls: ListenTlsConfig,
+    /// Trust and client certificate for an `https://` upstream.
+    pub upstream_tls: UpstreamTlsConfig,
+    /// `/readyz` answers 503 while the last upstream connection attempt failed less than this
+    /// many seconds ago (and nothing succeeded since); 0 = upstream failures never unready it.
+    pub readiness_upstream_failure_s: u64,
+    /// Header carrying the request id: taken from the client when valid, else made; forwarded
+    /// upstream and returned to the client.
+    pub request_id_header: String,
+    /// Log the client's IP address in each access-log line (`client_ip`).
+    pub access_log_client_ip: bool,
     /// Bearer token required for `/stats*` when set.
     pub stats_token: Option<Secret>,
     /// Ask the upstream for usage on chat and completions streams that did not, and hide it from
@@ -89,6 +127,11 @@ impl Default for ServeConfig {
             access_log: None,
             access_log_buffer: 65_536,
             admin_listen: None,
+            tls: ListenTlsConfig::default(),
+            upstream_tls: UpstreamTlsConfig::default(),
+            readiness_upstream_failure_s: 10,
+            request_id_header: "x-request-id".into(),
+            access_log_client_ip: false,
             stats_token: None,
             inject_stream_usage: true,
             ttft_for_non_streamed: UpgradeConfig::default(),
@@ -113,7 +156,7 @@ impl Default for ServeConfig {
 /// `ttft_for_non_streamed`: per API, whether its non-streamed requests are sent upstream as
 /// streams to measure their TTFT. All off by default: the upstream then sees exactly the
 /// client's request.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpgradeConfig {
     /// `POST /v1/chat/completions`.
@@ -140,7 +183,7 @@ impl UpgradeConfig {
 }
 
 /// Timeouts, in milliseconds. Defaults never cut a long generation or a long queue wait.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Timeouts {
     /// Establishing a TCP connection to the upstream (502 after it).
@@ -172,7 +215,7 @@ impl Default for Timeouts {
 }
 
 /// How requests are attributed to users.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UsersConfig {
     /// Sources tried in order; the first that yields a name wins.
@@ -208,34 +251,62 @@ impl Default for UsersConfig {
 }
 
 impl ServeConfig {
-    /// Checks every value that deserialization alone cannot.
+    /// Checks every value that deserialization alone cannot; the error lists every problem.
     pub fn validate(&self) -> anyhow::Result<()> {
-        self.listen_addr()?;
+        let problems = self.problems();
+        match problems.len() {
+            0 => Ok(()),
+            1 => bail!("{}", problems[0]),
+            n => bail!("{n} problems:\n  {}", problems.join("\n  ")),
+        }
+    }
+
+    /// Every problem found, one message each (empty when the settings are usable).
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        let mut check = |r: anyhow::Result<()>| {
+            if let Err(e) = r {
+                p.push(format!("{e:#}"));
+            }
+        };
+        check(self.listen_addr().map(drop));
         if let Some(a) = &self.admin_listen {
-            a.parse::<SocketAddr>()
-                .with_context(|| format!("admin_listen: `{a}` is not host:port"))?;
+            check(
+                a.parse::<SocketAddr>()
+                    .map(drop)
+                    .with_context(|| format!("admin_listen: `{a}` is not host:port")),
+            );
         }
-        self.upstream_uri()?;
-        self.metrics_uri()?;
-        if !(self.metrics_scrape_interval_s >= 0.1 && self.metrics_scrape_interval_s <= 3600.0) {
-            bail!("metrics_scrape_interval_s: must be between 0.1 and 3600");
-        }
-        if !(self.disagreement_threshold_pct.is_finite() && self.disagreement_threshold_pct >= 0.0)
-        {
-            bail!("disagreement_threshold_pct: must be a non-negative number");
-        }
-        if self.max_header_bytes < 1024 {
-            bail!("max_header_bytes: must be at least 1024");
-        }
-        if self.serving_threads > 1024 {
-            bail!("serving_threads: must be at most 1024 (0 = one per core)");
-        }
-        if self.max_request_body_bytes == 0
-            || self.access_log_buffer == 0
-            || self.max_sse_event_bytes == 0
-        {
-            bail!("max_request_body_bytes, access_log_buffer and max_sse_event_bytes must be positive");
-        }
+        check(self.upstream_uri().map(drop));
+        check(self.metrics_uri().map(drop));
+        let mut fail = |cond: bool, msg: &str| {
+            if cond {
+                p.push(msg.to_string());
+            }
+        };
+        fail(
+            !(self.metrics_scrape_interval_s >= 0.1 && self.metrics_scrape_interval_s <= 3600.0),
+            "metrics_scrape_interval_s: must be between 0.1 and 3600",
+        );
+        fail(
+            !(self.disagreement_threshold_pct.is_finite()
+                && self.disagreement_threshold_pct >= 0.0),
+            "disagreement_threshold_pct: must be a non-negative number",
+        );
+        fail(
+            self.max_header_bytes < 1024,
+            "max_header_bytes: must be at least 1024",
+        );
+        fail(
+            self.serving_threads > 1024,
+            "serving_threads: must be at most 1024 (0 = one per core)",
+        );
+        fail(
+            self.max_request_body_bytes == 0
+                || self.access_log_buffer == 0
+                || self.max_sse_event_bytes == 0,
+            "max_request_body_bytes, access_log_buffer and max_sse_event_bytes must be positive",
+        );
         let t = &self.timeouts;
         for (name, v) in [
             ("connect_ms", t.connect_ms),
@@ -244,30 +315,49 @@ impl ServeConfig {
             ("upstream_headers_ms", t.upstream_headers_ms),
             ("body_idle_ms", t.body_idle_ms),
         ] {
-            if v == 0 {
-                bail!("timeouts.{name}: must be positive");
-            }
+            fail(v == 0, &format!("timeouts.{name}: must be positive"));
         }
-        if self.users.order.is_empty() {
-            bail!("users.order: must name at least one source");
-        }
+        fail(
+            self.users.order.is_empty(),
+            "users.order: must name at least one source",
+        );
         let mut seen = Vec::new();
         for s in &self.users.order {
-            if seen.contains(s) {
-                bail!("users.order: {s:?} appears twice");
-            }
+            fail(
+                seen.contains(s),
+                &format!("users.order: {s:?} appears twice"),
+            );
             seen.push(*s);
         }
-        http::HeaderName::from_bytes(self.users.header.as_bytes()).with_context(|| {
-            format!("users.header: `{}` is not a header name", self.users.header)
-        })?;
-        if self.users.require_known_key && self.users.api_keys.is_empty() {
-            bail!("users.require_known_key needs users.api_keys");
+        for (key, name) in [
+            ("users.header", &self.users.header),
+            ("request_id_header", &self.request_id_header),
+        ] {
+            fail(
+                http::HeaderName::from_bytes(name.as_bytes()).is_err(),
+                &format!("{key}: `{name}` is not a header name"),
+            );
         }
-        self.meter
-            .validate()
-            .map_err(|e| anyhow::anyhow!("meter: {e}"))?;
-        Ok(())
+        fail(
+            self.users.require_known_key && self.users.api_keys.is_empty(),
+            "users.require_known_key needs users.api_keys",
+        );
+        fail(
+            self.tls.cert_file.is_some() != self.tls.key_file.is_some(),
+            "tls: cert_file and key_file go together",
+        );
+        if let Some((cert, key)) = self.tls.files() {
+            if let Err(e) = crate::tls::server_config(cert, key) {
+                p.push(format!("tls: {e:#}"));
+            }
+        }
+        if let Err(e) = crate::tls::client_config(&self.upstream_tls) {
+            p.push(format!("upstream_tls: {e:#}"));
+        }
+        if let Err(e) = self.meter.validate() {
+            p.push(format!("meter: {e}"));
+        }
+        p
     }
 
     /// The listen address.
@@ -300,15 +390,15 @@ impl ServeConfig {
         Ok(Some(uri))
     }
 
-    /// The upstream base URI (scheme http, with an authority).
+    /// The upstream base URI (scheme http or https, with an authority).
     pub fn upstream_uri(&self) -> anyhow::Result<http::Uri> {
         let uri: http::Uri = self
             .upstream
             .parse()
             .with_context(|| format!("upstream: `{}` is not a URL", self.upstream))?;
-        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
             bail!(
-                "upstream: `{}` must be http://host:port (https is not supported)",
+                "upstream: `{}` must be http://host:port or https://host:port",
                 self.upstream
             );
         }
@@ -342,8 +432,54 @@ pub struct ServeArgs {
     pub check_config: bool,
 }
 
-/// Builds the effective config: file < environment < flags.
+/// Builds the effective config: file < environment < flags. Errors carry [`InvalidConfig`].
 pub fn load(
+    args: &ServeArgs,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> anyhow::Result<ServeConfig> {
+    let config = build(args, env).map_err(|e| e.context(InvalidConfig))?;
+    config.validate().map_err(|e| e.context(InvalidConfig))?;
+    Ok(config)
+}
+
+/// What `--check-config` does: builds the config like [`load`], then reports every problem at
+/// once, including whether the access log can be opened for append.
+pub fn check(
+    args: &ServeArgs,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> anyhow::Result<ServeConfig> {
+    let config = build(args, env).map_err(|e| e.context(InvalidConfig))?;
+    let mut problems = config.problems();
+    if let Some(path) = &config.access_log {
+        let opened = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path);
+        if let Err(e) = opened {
+            problems.push(format!(
+                "access_log: cannot open {} for append: {e}",
+                path.display()
+            ));
+        }
+    }
+    match problems.len() {
+        0 => Ok(config),
+        1 => Err(anyhow::anyhow!("{}", problems[0]).context(InvalidConfig)),
+        n => Err(
+            anyhow::anyhow!("{n} problems:\n  {}", problems.join("\n  ")).context(InvalidConfig),
+        ),
+    }
+}
+
+impl ServeConfig {
+    /// The settings as a TOML document that `--config` accepts again; secrets are redacted.
+    pub fn to_toml(&self) -> anyhow::Result<String> {
+        toml::to_string(self).context("printing the config as TOML")
+    }
+}
+
+/// Builds the config without checking values beyond their types.
+fn build(
     args: &ServeArgs,
     env: impl IntoIterator<Item = (String, String)>,
 ) -> anyhow::Result<ServeConfig> {
@@ -391,10 +527,8 @@ pub fn load(
             .with_context(|| format!("--set {kv}: expected KEY=VALUE"))?;
         set_path(&mut table, k.trim(), v).with_context(|| format!("--set {k}"))?;
     }
-    let config = ServeConfig::deserialize(toml::Value::Table(table))
-        .map_err(|e| anyhow::anyhow!("config: {}", e.to_string().trim()))?;
-    config.validate()?;
-    Ok(config)
+    ServeConfig::deserialize(toml::Value::Table(table))
+        .map_err(|e| anyhow::anyhow!("config: {}", e.to_string().trim()))
 }
 
 /// Sets a dotted key to a raw value: TOML syntax when it parses as TOML, else a plain string.
@@ -492,8 +626,8 @@ mod tests {
     #[test]
     fn invalid_values_are_explained() {
         let mut a = args();
-        a.upstream = Some("https://x".into());
-        assert!(format!("{:#}", load(&a, Vec::new()).unwrap_err()).contains("https"));
+        a.upstream = Some("ftp://x".into());
+        assert!(format!("{:#}", load(&a, Vec::new()).unwrap_err()).contains("https://"));
         let mut a = args();
         a.set = vec!["max_header_bytes=100".into()];
         assert!(format!("{:#}", load(&a, Vec::new()).unwrap_err()).contains("1024"));

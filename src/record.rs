@@ -9,6 +9,9 @@ use crate::dialect::Api;
 /// Version of the access-log line format; `analyze` skips lines of other versions.
 pub const RECORD_SCHEMA: u32 = 1;
 
+/// Longest `user_agent` logged, in characters (longer ones are cut).
+pub const MAX_USER_AGENT_CHARS: usize = 256;
+
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -98,8 +101,12 @@ pub struct RequestRecord {
     pub ts: String,
     /// Arrival time as Unix nanoseconds on the monotonic timeline (exact twin of `ts`).
     pub ts_ns: UnixNanos,
-    /// The proxy's id for this request.
+    /// The proxy's id for this request (unique within the process's lifetime).
     pub request_id: String,
+    /// The request id the client sent in `request_id_header`, when it sent a valid one; that id,
+    /// else `request_id`, is what the upstream and the client see in that header.
+    #[serde(default)]
+    pub client_request_id: Option<String>,
     /// Who sent it.
     pub user: String,
     /// How `user` was found.
@@ -110,6 +117,12 @@ pub struct RequestRecord {
     pub method: String,
     /// Request path as the client sent it (query string excluded: it may carry secrets).
     pub path: String,
+    /// The client's `User-Agent`, cut to [`MAX_USER_AGENT_CHARS`] characters.
+    #[serde(default)]
+    pub user_agent: Option<String>,
+    /// The client's IP address, when `access_log_client_ip` is on.
+    #[serde(default)]
+    pub client_ip: Option<String>,
     /// Status sent to the client (`null` when the client left before a status was sent).
     pub status: Option<u16>,
     /// Whether the request asked for a stream (absent = false; `null` when not a boolean or not JSON).

@@ -44,7 +44,8 @@ async fn serve(
     let ctx = StatsContext {
         scrape: None,
         upstream: "http://127.0.0.1:8000".into(),
-        bearer_token: token.map(String::from),
+        bearer_token: tokenmeter::meter::StatsToken::new(token),
+        health: Default::default(),
         access_log,
         started: Clock::global().now() - 60 * NANOS_PER_SEC,
     };
@@ -204,6 +205,16 @@ async fn bearer_token_is_required_when_configured() {
         }
         let (status, _, _) = get(addr, path, Some("Bearer s3cret")).await;
         assert_eq!(status, 200, "{path}");
+    }
+    // The probes hold no secret: a liveness check must not need the token.
+    for path in ["/healthz", "/stats/healthz", "/readyz", "/stats/readyz"] {
+        let (status, _, body) = get(addr, path, None).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        let doc: Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            doc["status"] == "alive" || doc["status"] == "ready",
+            "{body}"
+        );
     }
 }
 

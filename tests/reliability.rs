@@ -201,29 +201,52 @@ async fn malformed_http_is_rejected_before_the_upstream() {
 }
 
 #[tokio::test]
-async fn content_length_with_transfer_encoding_is_framed_by_chunks_and_the_connection_closed() {
-    // RFC 9112 §6.1 lets a server either reject this or use Transfer-Encoding alone and close the
-    // connection afterwards; the HTTP layer does the latter, which leaves nothing to smuggle.
+async fn content_length_with_transfer_encoding_is_rejected_and_the_connection_closed() {
+    // RFC 9112 §6.1 lets a server reject this; nginx and HAProxy do, and so does the proxy: 400,
+    // the connection closed, nothing upstream. The head sniffer finds the pair that the HTTP
+    // layer hides, at the right request on a pipelined connection.
     let mut up = FakeUpstream::start(vec![
         fixture("01_chat_nonstream.http").script(Duration::ZERO)
     ])
     .await;
     let proxy = TestProxy::start(&up.url(), |_| {}).await;
-    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
-    let smuggle = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 40\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n";
-    c.write_all(smuggle).await.unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(3), c.read_to_end(&mut raw))
-        .await
-        .expect("connection closed after the answer")
-        .unwrap();
-    assert_eq!(parse_response(&raw).status, 200);
-    assert_eq!(find(&raw[4..], b"HTTP/1.1"), None, "exactly one response");
-    let seen = up.seen.recv().await.unwrap();
-    assert_eq!(seen.body, b"{}");
+    let smuggle: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 40\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n";
+    let good: &[u8] =
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}";
+    for (name, prefix, answers) in [("alone", &b""[..], 1), ("after a good request", good, 2)] {
+        let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+        c.write_all(&[prefix, smuggle].concat()).await.unwrap();
+        let mut raw = Vec::new();
+        tokio::time::timeout(Duration::from_secs(3), c.read_to_end(&mut raw))
+            .await
+            .expect("connection closed after the answer")
+            .unwrap();
+        let text = String::from_utf8_lossy(&raw);
+        assert_eq!(text.matches("HTTP/1.1 ").count(), answers, "{name}: {text}");
+        let last = &raw[text.rfind("HTTP/1.1 ").unwrap()..];
+        let got = parse_response(last);
+        assert_eq!(got.status, 400, "{name}: {text}");
+        assert!(
+            got.head.to_ascii_lowercase().contains("connection: close"),
+            "{name}"
+        );
+        let body = got.json();
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Transfer-Encoding"));
+        if answers == 2 {
+            assert_eq!(
+                parse_response(&raw).status,
+                200,
+                "{name}: the good one is served"
+            );
+            assert_eq!(up.seen.recv().await.unwrap().body, b"{}");
+        }
+    }
     assert!(
         up.seen.try_recv().is_err(),
-        "the smuggled request never reached the upstream"
+        "neither the ambiguous request nor the smuggled one reached the upstream"
     );
     proxy.stop().await;
 }

@@ -1,12 +1,12 @@
 //! Settings of the live meter (the `[meter]` table of the config file).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Largest accepted horizon: one day of 1-second buckets.
 pub const MAX_HORIZON_S: u64 = 86_400;
 
 /// Settings of the live meter.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MeterConfig {
     /// Seconds of 1-second buckets kept per scope (windows and the live capacity feed read these).

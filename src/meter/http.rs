@@ -1,7 +1,8 @@
-//! `GET /stats` (JSON) and `GET /stats/metrics` (Prometheus text), optionally behind a bearer token.
+//! `GET /stats` (JSON) and `GET /stats/metrics` (Prometheus text), optionally behind a bearer
+//! token; and the proxy's own health probes, never behind it (a liveness probe holds no secret).
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
@@ -13,6 +14,7 @@ use sha2::{Digest, Sha256};
 use crate::access_log::AccessLogCounters;
 use crate::clock::{Clock, UnixNanos, NANOS_PER_SEC};
 use crate::error::{error_body, kind};
+use crate::health::Health;
 
 use super::live::MeterHandle;
 use super::prometheus::render_access_log;
@@ -24,7 +26,9 @@ pub struct StatsContext {
     /// The upstream base URL, shown in `/stats`.
     pub upstream: String,
     /// When set, requests must carry `Authorization: Bearer <token>`.
-    pub bearer_token: Option<String>,
+    pub bearer_token: StatsToken,
+    /// Liveness and readiness, for `/healthz` and `/readyz`.
+    pub health: Arc<Health>,
     /// The access-log writer's counters.
     pub access_log: Arc<AccessLogCounters>,
     /// Process start, for `uptime_s`.
@@ -36,27 +40,64 @@ pub struct StatsContext {
     )>,
 }
 
+/// The stats bearer token, kept as its SHA-256 digest; replaceable while serving (SIGHUP).
+#[derive(Debug, Clone, Default)]
+pub struct StatsToken(Arc<RwLock<Option<[u8; 32]>>>);
+
+impl StatsToken {
+    /// A token, or none (the endpoints are then open).
+    pub fn new(token: Option<&str>) -> StatsToken {
+        let t = StatsToken::default();
+        t.set(token);
+        t
+    }
+
+    /// Replaces the token; requests already checked are not affected.
+    pub fn set(&self, token: Option<&str>) {
+        let digest = token.map(|t| Sha256::digest(t.as_bytes()).into());
+        match self.0.write() {
+            Ok(mut g) => *g = digest,
+            Err(poisoned) => *poisoned.into_inner() = digest,
+        }
+    }
+
+    fn digest(&self) -> Option<[u8; 32]> {
+        match self.0.read() {
+            Ok(g) => *g,
+            Err(poisoned) => *poisoned.into_inner(),
+        }
+    }
+}
+
 struct AppState {
     handle: MeterHandle,
     ctx: StatsContext,
-    token_digest: Option<[u8; 32]>,
 }
 
-/// The router serving `/stats` and `/stats/metrics`.
+/// The router serving `/stats` and `/stats/metrics`, and the health probes: `/healthz` and
+/// `/readyz` (for `admin_listen`) and the same under `/stats/` (for the main listener, where
+/// every other path belongs to the upstream).
 pub fn stats_router(handle: MeterHandle, ctx: StatsContext) -> Router {
-    let token_digest = ctx
-        .bearer_token
-        .as_deref()
-        .map(|t| Sha256::digest(t.as_bytes()).into());
-    let state = Arc::new(AppState {
-        handle,
-        ctx,
-        token_digest,
-    });
+    let state = Arc::new(AppState { handle, ctx });
     Router::new()
         .route("/stats", get(stats))
         .route("/stats/metrics", get(metrics))
+        .route("/healthz", get(probe))
+        .route("/stats/healthz", get(probe))
+        .route("/readyz", get(probe))
+        .route("/stats/readyz", get(probe))
         .with_state(state)
+}
+
+/// Liveness (200 whenever the process answers, whatever the upstream does) and readiness (200,
+/// or 503 with the reasons).
+async fn probe(State(state): State<Arc<AppState>>, uri: Uri) -> Response {
+    match state.ctx.health.probe(uri.path()) {
+        Some((status, body)) => {
+            (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+        }
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 /// An error answer in the proxy's one vocabulary ([`crate::error`]).
@@ -72,7 +113,7 @@ fn error(status: StatusCode, message: &str, kind: &str, param: Option<&str>) -> 
 /// Checks the bearer token, comparing SHA-256 digests in constant time (the length of the
 /// presented token does not shorten the comparison either).
 fn authorized(state: &AppState, headers: &HeaderMap) -> bool {
-    let Some(want) = &state.token_digest else {
+    let Some(want) = &state.ctx.bearer_token.digest() else {
         return true;
     };
     let presented = headers

@@ -9,21 +9,26 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::client::legacy::Client;
 
+use crate::clock::Clock;
 use crate::config::ServeConfig;
 use crate::dialect::{Dialect, StreamUsage};
 use crate::error::ProxyError;
 use crate::fold::Fold;
+use crate::health::Health;
 use crate::proxy::body::{MeteredBody, Reading};
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity::{self, Clues};
+use crate::proxy::reload::LiveUsers;
 use crate::proxy::request::{inject_include_usage, RequestInfo};
+use crate::proxy::sniff::Verdict;
 use crate::proxy::tracker::{RequestMeta, Tracker, TrackerShared};
 use crate::proxy::upgrade;
 use crate::proxy::ProxyBody;
 use crate::record::Outcome;
 use crate::sse::SseScanner;
+use crate::tls::{ListenerTls, UpstreamConnector};
 
 /// What every request of one proxy shares. Built once; each further serving thread takes a copy
 /// with a pool of its own ([`ProxyState::with_pool`]).
@@ -36,7 +41,17 @@ pub struct ProxyState {
     /// The upstream's authority, sent as `Host`.
     pub upstream_host: HeaderValue,
     /// Pooled keep-alive connections to the upstream.
-    pub client: Client<HttpConnector, Full<Bytes>>,
+    pub client: Client<UpstreamConnector, Full<Bytes>>,
+    /// What `client` connects with (serving threads build their own client from it).
+    pub connector: UpstreamConnector,
+    /// Readiness: upstream connection failures are reported to it.
+    pub health: Arc<Health>,
+    /// TLS for client connections, when configured.
+    pub tls: Option<Arc<ListenerTls>>,
+    /// `request_id_header`, parsed.
+    pub request_id_header: http::HeaderName,
+    /// The user settings, as last reloaded (read these, not `config.users`).
+    pub users: Arc<LiveUsers>,
     /// Measurement state shared by all requests.
     pub trackers: Arc<TrackerShared>,
     /// `/stats*` handler on this listener, when stats are served here.
@@ -46,7 +61,7 @@ pub struct ProxyState {
 impl ProxyState {
     /// A copy of this state with `client` as its upstream pool: a pooled connection's task lives
     /// on the runtime that opened it, so every serving thread needs its own.
-    pub fn with_pool(&self, client: Client<HttpConnector, Full<Bytes>>) -> ProxyState {
+    pub fn with_pool(&self, client: Client<UpstreamConnector, Full<Bytes>>) -> ProxyState {
         ProxyState {
             client,
             ..self.clone()
@@ -54,30 +69,94 @@ impl ProxyState {
     }
 }
 
-/// Handles one request; never fails (every error is an HTTP answer).
+/// Handles one request; never fails (every error is an HTTP answer). `framing` is what the head
+/// sniffer found on this connection.
 pub async fn handle(
     state: Arc<ProxyState>,
     req: Request<Incoming>,
     remote: SocketAddr,
+    framing: Arc<Verdict>,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
     let t0 = Instant::now();
+    if framing.next_request_is_ambiguous() {
+        // Neither the body nor anything after it on this connection can be trusted: answer
+        // without reading it, and close.
+        let err = ProxyError::bad_request(
+            "Content-Length together with Transfer-Encoding is not accepted.",
+        );
+        let mut r = Response::new(ProxyBody::Full(Some(err.body())));
+        *r.status_mut() = err.status;
+        let h = r.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Ok(r);
+    }
+    if crate::health::is_main_probe(req.uri().path()) {
+        if let Some((status, body)) = state.health.probe(req.uri().path()) {
+            let mut r = Response::new(ProxyBody::Full(Some(Bytes::from(body))));
+            *r.status_mut() = status;
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            return Ok(r);
+        }
+    }
     if let Some(router) = &state.stats {
         let p = req.uri().path();
         if p == "/stats" || p.starts_with("/stats/") {
             return Ok(crate::proxy::stats_response(router.clone(), req).await);
         }
     }
-    Ok(forward(&state, req, remote, t0).await)
+    let mut request_id = None;
+    let mut resp = forward(&state, req, remote, t0, &mut request_id).await;
+    if let Some(id) = request_id {
+        resp.headers_mut()
+            .insert(state.request_id_header.clone(), id);
+    }
+    Ok(resp)
 }
 
+/// A client's request id is kept when it is 1 to 128 visible ASCII characters (what fits a log
+/// line and a header unchanged); anything else is replaced by the proxy's own.
+fn valid_request_id(v: &HeaderValue) -> Option<&str> {
+    let b = v.as_bytes();
+    let ok = (1..=128).contains(&b.len()) && b.iter().all(u8::is_ascii_graphic);
+    ok.then(|| v.to_str().ok()).flatten()
+}
+
+/// The client's `User-Agent`, cut to a bounded length (invalid UTF-8 replaced).
+fn user_agent(h: &http::HeaderMap) -> Option<String> {
+    let v = h.get(header::USER_AGENT)?;
+    Some(
+        String::from_utf8_lossy(v.as_bytes())
+            .chars()
+            .take(crate::record::MAX_USER_AGENT_CHARS)
+            .collect(),
+    )
+}
+
+/// Forwards one request; `request_id` receives the id to return to the client in
+/// `request_id_header` (the client's own when valid, else the proxy's).
 async fn forward(
     state: &Arc<ProxyState>,
     req: Request<Incoming>,
     remote: SocketAddr,
     t0: Instant,
+    request_id: &mut Option<HeaderValue>,
 ) -> Response<ProxyBody> {
     let cfg = &state.config;
+    // One snapshot per request: a reload in the middle does not change its rules.
+    let users = state.users.get();
     let (mut parts, body) = req.into_parts();
+    let client_id = parts
+        .headers
+        .get(&state.request_id_header)
+        .and_then(valid_request_id)
+        .map(str::to_string);
     let split = identity::split_user_prefix(parts.uri.path());
     let path_user = split.user.map(str::to_string);
     let fwd_path = split.path.to_string();
@@ -85,7 +164,7 @@ async fn forward(
     let metered = cfg.metering && api.is_some();
     let clues = |body_user: Option<&str>, headers: &http::HeaderMap| {
         identity::identify(
-            &cfg.users,
+            &users,
             &Clues {
                 path_user: path_user.as_deref(),
                 headers,
@@ -101,16 +180,24 @@ async fn forward(
         model: None,
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),
+        client_request_id: client_id,
+        user_agent: user_agent(&parts.headers),
+        client_ip: cfg.access_log_client_ip.then(|| remote.ip().to_string()),
         api,
         stream: None,
         n: None,
         bytes_in: 0,
     };
     let mut tracker = Tracker::start(state.trackers.clone(), t0, meta.clone(), metered);
+    let rid = match &meta.client_request_id {
+        Some(id) => HeaderValue::from_str(id),
+        None => HeaderValue::from_str(&tracker.request_id()),
+    };
+    *request_id = rid.ok();
 
-    if cfg.users.require_known_key {
-        let known = identity::bearer_key(&parts.headers)
-            .and_then(|k| identity::known_key_name(&cfg.users, k));
+    if users.require_known_key {
+        let known =
+            identity::bearer_key(&parts.headers).and_then(|k| identity::known_key_name(&users, k));
         if known.is_none() {
             return reject(
                 tracker,
@@ -174,11 +261,14 @@ async fn forward(
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT);
     headers.remove(header::CONTENT_LENGTH);
-    if let Ok(name) = http::HeaderName::from_bytes(cfg.users.header.as_bytes()) {
+    if let Ok(name) = http::HeaderName::from_bytes(users.header.as_bytes()) {
         headers.remove(name);
     }
     headers.insert(header::HOST, state.upstream_host.clone());
-    if let Some(key) = &cfg.users.upstream_api_key {
+    if let Some(id) = request_id {
+        headers.insert(state.request_id_header.clone(), id.clone());
+    }
+    if let Some(key) = &users.upstream_api_key {
         // The upstream key always goes as a bearer key, and replaces the client's `x-api-key`
         // too when it sent one: no client key reaches the upstream.
         if headers.contains_key(identity::X_API_KEY) {
@@ -304,8 +394,16 @@ async fn send(
     let headers_timeout =
         std::time::Duration::from_millis(state.config.timeouts.upstream_headers_ms);
     match tokio::time::timeout(headers_timeout, state.client.request(up)).await {
-        Ok(Ok(r)) => Ok(r),
-        Ok(Err(e)) => Err(classify_client_error(&e)),
+        Ok(Ok(r)) => {
+            state.health.upstream_answered();
+            Ok(r)
+        }
+        Ok(Err(e)) => {
+            if e.is_connect() {
+                state.health.upstream_failed(Clock::global().now());
+            }
+            Err(classify_client_error(&e))
+        }
         Err(_) => Err((
             ProxyError::gateway_timeout("no response headers"),
             Outcome::Timeout,
@@ -371,10 +469,14 @@ fn classify_client_error(
         // Elapsed; either, anywhere in the chain, is a timeout.
         let timed_out = io_kind(e) == Some(std::io::ErrorKind::TimedOut)
             || in_chain::<tokio::time::error::Elapsed>(e);
-        let why = match io_kind(e) {
-            _ if timed_out => "connect timeout",
-            Some(std::io::ErrorKind::ConnectionRefused) => "connection refused",
-            _ => "cannot connect",
+        let why = if timed_out {
+            "connect timeout"
+        } else if let Some(tls) = crate::tls::tls_failure(e) {
+            tls
+        } else if io_kind(e) == Some(std::io::ErrorKind::ConnectionRefused) {
+            "connection refused"
+        } else {
+            "cannot connect"
         };
         return (ProxyError::bad_gateway(why), Outcome::ProxyError, why);
     }

@@ -4,7 +4,9 @@ mod body;
 mod forward;
 mod headers;
 pub mod identity;
+pub mod reload;
 pub mod request;
+pub mod sniff;
 mod tracker;
 mod upgrade;
 
@@ -21,7 +23,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -35,9 +37,11 @@ pub use tracker::{InFlight, RequestMeta, Tracker, TrackerShared};
 use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
 use crate::clock::Clock;
 use crate::config::{ServeArgs, ServeConfig};
+use crate::health::Health;
 use crate::meter::{spawn_meter, stats_router, MeterHandle, StatsContext};
 use crate::observe::Observer;
 use crate::scrape::{spawn_scraper, SampleSink, ScrapeConfig, ScrapeCounters};
+use crate::tls::{ListenerTls, UpstreamConnector};
 
 /// The body of every response the proxy sends.
 pub enum ProxyBody {
@@ -113,6 +117,7 @@ pub struct ProxyHandle {
     state: Arc<ProxyState>,
     counters: Arc<AccessLogCounters>,
     meter: MeterHandle,
+    reloader: reload::Reloader,
 }
 
 impl ProxyHandle {
@@ -139,6 +144,13 @@ impl ProxyHandle {
     /// Access-log counters (written, dropped, failed).
     pub fn access_log_counters(&self) -> Arc<AccessLogCounters> {
         self.counters.clone()
+    }
+
+    /// Applies the reloadable settings of `new` (as on SIGHUP): API keys, `require_known_key`,
+    /// the stats token, and the TLS certificate files read again. Requests in flight finish
+    /// under the settings they started with.
+    pub fn reload(&self, new: &ServeConfig) -> reload::ReloadReport {
+        self.reloader.apply(new)
     }
 
     /// Reopens the access log (as on SIGHUP).
@@ -180,6 +192,24 @@ pub async fn spawn(
         observers.push(Arc::new(sink));
         log = Some(Arc::new(writer));
     }
+    let tls = match config.tls.files() {
+        Some((cert, key)) => Some(Arc::new(ListenerTls::load(cert, key)?)),
+        None => None,
+    };
+    let connector = crate::tls::upstream_connector(
+        &config.upstream_tls,
+        Duration::from_millis(config.timeouts.connect_ms),
+    )?;
+    let health = Arc::new(Health::new(config.readiness_upstream_failure_s));
+    let stats_token =
+        crate::meter::StatsToken::new(config.stats_token.as_ref().map(|s| s.0.as_str()));
+    let users = Arc::new(reload::LiveUsers::new(config.users.clone()));
+    let reloader = reload::Reloader::new(
+        config.clone(),
+        users.clone(),
+        stats_token.clone(),
+        tls.clone(),
+    );
     let meter = spawn_meter(config.meter.clone());
     observers.push(Arc::new(meter.clone()));
     let mut scrape = None;
@@ -192,7 +222,8 @@ pub async fn spawn(
         meter.clone(),
         StatsContext {
             upstream: config.upstream.clone(),
-            bearer_token: config.stats_token.as_ref().map(|s| s.0.clone()),
+            bearer_token: stats_token.clone(),
+            health: health.clone(),
             access_log: counters.clone(),
             started: Clock::global().now(),
             scrape: scrape.clone(),
@@ -204,7 +235,8 @@ pub async fn spawn(
         .context("upstream has no host")?
         .clone();
     let base_path = upstream.path().trim_end_matches('/');
-    let upstream_base = format!("http://{authority}{base_path}");
+    let scheme = upstream.scheme_str().unwrap_or("http");
+    let upstream_base = format!("{scheme}://{authority}{base_path}");
     let mut admin_addr = None;
     let mut admin_stop = None;
     let mut main_stats = Some(stats.clone());
@@ -215,7 +247,8 @@ pub async fn spawn(
         admin.set_nonblocking(true)?;
         admin_addr = Some(admin.local_addr()?);
         main_stats = None;
-        admin_stop = Some(serve_stats_on_own_thread(admin, router)?);
+        let admin_tls = tls.clone().filter(|_| config.tls.admin);
+        admin_stop = Some(serve_stats_on_own_thread(admin, router, admin_tls)?);
     }
     let trackers = Arc::new(TrackerShared::new(
         observers,
@@ -233,7 +266,12 @@ pub async fn spawn(
     let state = Arc::new(ProxyState {
         upstream_host: http::HeaderValue::from_str(authority.as_str())?,
         upstream_base,
-        client: upstream_client(&config),
+        client: upstream_client(&config, connector.clone()),
+        connector,
+        health,
+        tls,
+        request_id_header: http::HeaderName::from_bytes(config.request_id_header.as_bytes())?,
+        users,
         trackers,
         stats: main_stats,
         config,
@@ -268,17 +306,19 @@ pub async fn spawn(
         state,
         counters,
         meter,
+        reloader,
     })
 }
 
 /// Serves `/stats*` on `listener` from a thread and runtime of its own, so the answer does not
 /// wait behind busy proxy connections (at 2,000 streams on 2 cores the shared runtime delayed it
-/// by tens of milliseconds). Returns the switch that stops it.
+/// by tens of milliseconds); through TLS when `tls` is set. Returns the switch that stops it.
 fn serve_stats_on_own_thread(
     listener: std::net::TcpListener,
     router: axum::Router,
+    tls: Option<Arc<ListenerTls>>,
 ) -> anyhow::Result<oneshot::Sender<()>> {
-    let (stop, stopped) = oneshot::channel::<()>();
+    let (stop, mut stopped) = oneshot::channel::<()>();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -289,21 +329,52 @@ fn serve_stats_on_own_thread(
                 let Ok(listener) = TcpListener::from_std(listener) else {
                     return;
                 };
-                let _ = axum::serve(listener, router)
-                    .with_graceful_shutdown(async move {
-                        let _ = stopped.await;
-                    })
-                    .await;
+                let mut conns = JoinSet::new();
+                loop {
+                    let (stream, _) = tokio::select! {
+                        _ = &mut stopped => break,
+                        accepted = listener.accept() => match accepted {
+                            Ok(x) => x,
+                            Err(_) => {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                                continue;
+                            }
+                        },
+                    };
+                    while conns.try_join_next().is_some() {}
+                    let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+                    let acceptor = tls.as_ref().map(|t| t.acceptor());
+                    conns.spawn(async move {
+                        let mut builder = http1::Builder::new();
+                        builder.timer(TokioTimer::new());
+                        builder.header_read_timeout(Duration::from_secs(10));
+                        match acceptor {
+                            None => {
+                                let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                            }
+                            Some(acceptor) => {
+                                let hs = tokio::time::timeout(
+                                    Duration::from_secs(10),
+                                    acceptor.accept(stream),
+                                );
+                                if let Ok(Ok(tls)) = hs.await {
+                                    let io = TokioIo::new(tls);
+                                    let _ = builder.serve_connection(io, svc).await;
+                                }
+                            }
+                        }
+                    });
+                }
             });
         })?;
     Ok(stop)
 }
 
 /// Pooled keep-alive connections to the upstream, for one serving thread.
-fn upstream_client(config: &ServeConfig) -> Client<HttpConnector, http_body_util::Full<Bytes>> {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_millis(config.timeouts.connect_ms)));
+fn upstream_client(
+    config: &ServeConfig,
+    connector: UpstreamConnector,
+) -> Client<UpstreamConnector, http_body_util::Full<Bytes>> {
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_millis(config.timeouts.pool_idle_ms))
         .pool_timer(TokioTimer::new())
@@ -351,7 +422,9 @@ fn serve_on_own_thread(
                 let state = if index == 0 && !replacement {
                     shared
                 } else {
-                    Arc::new(shared.with_pool(upstream_client(&shared.config)))
+                    Arc::new(
+                        shared.with_pool(upstream_client(&shared.config, shared.connector.clone())),
+                    )
                 };
                 let builder = connection_builder(&state.config);
                 let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -366,13 +439,40 @@ fn serve_on_own_thread(
                                 continue;
                             };
                             let st = state.clone();
-                            let svc =
-                                service_fn(move |req| forward::handle(st.clone(), req, remote));
-                            let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                            let fut = graceful.watch(conn);
-                            tasks.spawn(async move {
-                                let _ = fut.await;
+                            let verdict = Arc::new(sniff::Verdict::default());
+                            let v = verdict.clone();
+                            let svc = service_fn(move |req| {
+                                forward::handle(st.clone(), req, remote, v.clone())
                             });
+                            let max_head = state.config.max_header_bytes;
+                            match &state.tls {
+                                None => {
+                                    let io = sniff::Sniffed::new(stream, max_head, verdict);
+                                    let conn = builder.serve_connection(TokioIo::new(io), svc);
+                                    let fut = graceful.watch(conn);
+                                    tasks.spawn(async move {
+                                        let _ = fut.await;
+                                    });
+                                }
+                                Some(tls) => {
+                                    // The handshake runs in the connection's task, bounded like
+                                    // a request head: a client that never finishes it holds
+                                    // nothing else up. Plain HTTP here fails it and is closed.
+                                    let acceptor = tls.acceptor();
+                                    let watcher = graceful.watcher();
+                                    let builder = builder.clone();
+                                    let limit =
+                                        Duration::from_millis(state.config.timeouts.head_read_ms);
+                                    tasks.spawn(async move {
+                                        let hs =
+                                            tokio::time::timeout(limit, acceptor.accept(stream));
+                                        let Ok(Ok(tls)) = hs.await else { return };
+                                        let io = sniff::Sniffed::new(tls, max_head, verdict);
+                                        let conn = builder.serve_connection(TokioIo::new(io), svc);
+                                        let _ = watcher.watch(conn).await;
+                                    });
+                                }
+                            }
                         }
                     }
                 }
@@ -475,6 +575,7 @@ async fn accept_loop(
         grace_s = state.config.shutdown_grace_s,
         "shutting down: no new connections; waiting for in-flight requests"
     );
+    state.health.start_draining();
     let _ = stop.send(true);
     for t in serving {
         let _ = t.done.await;
@@ -490,20 +591,51 @@ async fn accept_loop(
 
 /// Runs `tokenmeter serve` until SIGTERM or SIGINT; SIGHUP reopens the access log.
 pub async fn run_cli(args: ServeArgs) -> anyhow::Result<()> {
-    let config = crate::config::load(&args, std::env::vars())?;
     if args.check_config {
-        println!("config ok\n{config:#?}");
+        let config = crate::config::check(&args, std::env::vars())?;
+        // A TOML comment first, so that the whole output is a config file again.
+        use std::io::Write as _;
+        // A closed stdout (`| head`) is not an error worth a panic.
+        let _ = writeln!(std::io::stdout(), "# config ok\n{}", config.to_toml()?);
         return Ok(());
     }
+    let config = crate::config::load(&args, std::env::vars())?;
     let upstream = config.upstream.clone();
     let handle = spawn(config, Vec::new()).await?;
     tracing::info!(upstream = %upstream, "listening on {}", handle.addr());
     if let Some(a) = handle.admin_addr() {
         tracing::info!("stats listening on {a}");
     }
-    wait_for_shutdown_signal(|| handle.reopen_access_log()).await;
+    wait_for_shutdown_signal(|| {
+        handle.reopen_access_log();
+        reload_from(&handle, &args);
+    })
+    .await;
     handle.shutdown().await;
     Ok(())
+}
+
+/// Reads the configuration again (file, environment, flags) and applies what can change while
+/// serving; a file that does not load is rejected whole, with the reason, and nothing changes.
+fn reload_from(handle: &ProxyHandle, args: &ServeArgs) {
+    let new = match crate::config::load(args, std::env::vars()) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("reload rejected, the running configuration stays: {e:#}");
+            return;
+        }
+    };
+    let report = handle.reload(&new);
+    if !report.need_restart.is_empty() {
+        tracing::warn!(
+            settings = %report.need_restart.join(", "),
+            "reload: these changed settings need a restart; their running values stay"
+        );
+    }
+    if let Some(e) = &report.tls_error {
+        tracing::error!("reload: the TLS certificate stays as it was: {e}");
+    }
+    tracing::info!(applied = %report.applied.join(", "), "configuration reloaded");
 }
 
 /// Waits for SIGTERM or SIGINT, calling `on_hup` at every SIGHUP.

@@ -92,6 +92,12 @@ pub struct RequestMeta {
     pub method: String,
     /// Path as the client sent it, without the query.
     pub path: String,
+    /// The client's own valid request id, when it sent one.
+    pub client_request_id: Option<String>,
+    /// The client's `User-Agent`, bounded.
+    pub user_agent: Option<String>,
+    /// The client's IP address, when it is to be logged.
+    pub client_ip: Option<String>,
     /// The generation API of the route, `None` for other routes.
     pub api: Option<Api>,
     /// `stream` from the body.
@@ -382,11 +388,14 @@ impl Tracker {
             ts: format_rfc3339_micros(self.t0_ns),
             ts_ns: self.t0_ns,
             request_id: self.request_id(),
+            client_request_id: self.meta.client_request_id.clone(),
             user: self.meta.user.to_string(),
             user_source: self.meta.user_source,
             model: self.meta.model.as_deref().map(str::to_string),
             method: self.meta.method.clone(),
             path: self.meta.path.clone(),
+            user_agent: self.meta.user_agent.clone(),
+            client_ip: self.meta.client_ip.clone(),
             status: self.status,
             stream: self.meta.stream,
             outcome,

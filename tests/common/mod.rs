@@ -560,3 +560,38 @@ pub fn spawn_logged(
     };
     (ChildGuard(child), addr, rx)
 }
+
+/// A test CA and a server certificate it signed for `localhost` and 127.0.0.1, as PEM files in
+/// `dir`: `<tag>-ca.pem`, `<tag>-cert.pem` (leaf then CA), `<tag>-key.pem`.
+pub struct TestCerts {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TestCerts {
+    pub fn generate(dir: &Path, tag: &str) -> TestCerts {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, format!("tokenmeter test CA {tag}"));
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let leaf_key = KeyPair::generate().unwrap();
+        let leaf_params =
+            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+        let issuer = Issuer::from_params(&ca_params, &ca_key);
+        let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+        let certs = TestCerts {
+            ca: dir.join(format!("{tag}-ca.pem")),
+            cert: dir.join(format!("{tag}-cert.pem")),
+            key: dir.join(format!("{tag}-key.pem")),
+        };
+        std::fs::write(&certs.ca, ca_cert.pem()).unwrap();
+        std::fs::write(&certs.cert, format!("{}{}", leaf.pem(), ca_cert.pem())).unwrap();
+        std::fs::write(&certs.key, leaf_key.serialize_pem()).unwrap();
+        certs
+    }
+}
