@@ -144,10 +144,25 @@ async fn report_every_10s(meter: crate::meter::MeterHandle) {
         let Ok(snap) = meter.snapshot(now, q, "", &Default::default()).await else {
             return;
         };
+        // The best-founded row of the production-traffic curve: the level with the most time.
+        let capacity = snap
+            .capacity_production
+            .iter()
+            .filter(|r| !r.thin)
+            .max_by(|a, b| a.seconds.total_cmp(&b.seconds))
+            .and_then(|r| {
+                r.gen_tok_s.map(|g| {
+                    format!(
+                        "; capacity at {} in flight: {g:.1} tok/s ({:.0} s measured)",
+                        r.in_flight, r.seconds
+                    )
+                })
+            })
+            .unwrap_or_default();
         let v = serde_json::to_value(&snap).unwrap_or_default();
         let w = &v["windows"]["10s"];
         println!(
-            "last 10 s: {:.1} tok/s generated, {} requests finished, in flight {}..{}{}; users {}",
+            "last 10 s: {:.1} tok/s generated, {} requests finished, in flight {}..{}{}; users {}{capacity}",
             w["gen_tok_s"].as_f64().unwrap_or(0.0),
             w["requests_finished"].as_u64().unwrap_or(0),
             w["in_flight"]["min"].as_u64().unwrap_or(0),

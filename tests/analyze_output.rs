@@ -38,11 +38,19 @@ fn svgs_parse_and_have_one_series_element_per_line() {
     let plots = svg::all(&r);
     let names: Vec<&str> = plots.iter().map(|p| p.0).collect();
     assert_eq!(names, ["capacity.svg", "ttft.svg", "timeline.svg"]);
+    let prod = r
+        .capacity_production
+        .iter()
+        .filter(|c| c.gen_tok_s.is_some())
+        .count();
+    assert!(prod >= 3, "the fixture's levels are not thin: {prod}");
     assert_eq!(
         series_of(&plots[0].1),
         [
             ("aggregate tok/s".into(), 3),
-            ("per-request tok/s".into(), 3)
+            ("per-request tok/s".into(), 3),
+            ("production aggregate tok/s".into(), prod),
+            ("production per-request tok/s".into(), prod)
         ]
     );
     assert_eq!(
@@ -70,8 +78,9 @@ fn an_empty_report_still_plots_valid_svg() {
     let path = dir.path("empty.jsonl");
     std::fs::write(&path, b"").unwrap();
     let r = analyze(&[path], &AnalyzeOptions::default()).unwrap();
-    for (_, text) in svg::all(&r) {
-        assert_eq!(series_of(&text).len(), 2);
+    for (name, text) in svg::all(&r) {
+        let want = if name == "capacity.svg" { 4 } else { 2 };
+        assert_eq!(series_of(&text).len(), want);
     }
 }
 

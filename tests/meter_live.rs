@@ -79,7 +79,7 @@ fn finishes_without_a_start_and_non_generation_records() {
     assert_eq!(snap.in_flight, 0);
     let w = snap.windows.get("10s").unwrap();
     assert_eq!(w.gen_tok_s, Some(1.0));
-    assert_eq!(w.in_flight.unwrap().max, 0);
+    assert_eq!(w.in_flight.as_ref().unwrap().max, 0);
     assert!(!w.steady);
     assert_eq!(w.requests_finished, Some(1));
 }

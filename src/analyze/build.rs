@@ -3,11 +3,12 @@
 use crate::clock::{format_rfc3339_micros, NANOS_PER_SEC};
 use crate::meter::capacity::{CapacityAccumulator, CapacityRow, RequestLevel};
 use crate::meter::histogram::LogHistogram;
+use crate::meter::levels::{production_rows, ProductionRow, RequestFiguresAt};
 use crate::meter::replay::ReplayTimeline;
 use crate::meter::summary::{MinMeanMax, Percentiles};
 use crate::record::Outcome;
 
-use super::collect::{LevelTokS, Pass1};
+use super::collect::{LevelTokS, Pass1, Pass2};
 use super::input::Source;
 use super::report::*;
 use super::AnalyzeOptions;
@@ -53,9 +54,10 @@ pub fn build(
     sources: &[Source],
     p: Pass1,
     tl: &ReplayTimeline,
-    level_tok_s: &LevelTokS,
+    pass2: &Pass2,
     opts: &AnalyzeOptions,
 ) -> Report {
+    let level_tok_s = &pass2.level_tok_s;
     let names: Vec<String> = sources.iter().map(|s| s.name.clone()).collect();
     let bad_lines: u64 = p.counts.bad.values().sum();
     let inputs = Inputs {
@@ -83,7 +85,8 @@ pub fn build(
     let summary = summary(&p, bad_lines);
     let timeline = timeline(tl, opts);
     let capacity = capacity(tl, level_tok_s, &p);
-    let saturation = saturation(&p, opts.knee_factor);
+    let capacity_production = production(pass2, &p, opts.capacity_min_s as f64);
+    let saturation = saturation(&p, opts, &capacity, &capacity_production);
     let users = users(&p);
     let apis = apis(&p);
     let cold_starts = ColdStarts {
@@ -106,6 +109,7 @@ pub fn build(
         summary,
         timeline,
         capacity,
+        capacity_production,
         saturation,
         users,
         apis,
@@ -234,7 +238,54 @@ fn capacity(tl: &ReplayTimeline, level_tok_s: &LevelTokS, p: &Pass1) -> Vec<Capa
     rows
 }
 
-fn saturation(p: &Pass1, knee_factor: f64) -> Saturation {
+/// The production-traffic curve: the live meter's level attribution replayed in pass 2, with the
+/// per-request figures of the steady curve's sources.
+fn production(pass2: &Pass2, p: &Pass1, min_s: f64) -> Vec<ProductionRow> {
+    let empty = LogHistogram::new();
+    production_rows(&pass2.level_sums, min_s, |n| {
+        let extremes = pass2.level_tok_s.get(&n);
+        RequestFiguresAt {
+            tok_s_min: extremes.map(|e| e.0),
+            tok_s_max: extremes.map(|e| e.1),
+            ttft_ms: Percentiles::of(p.arrivals.get(&n).map_or(&empty, |a| &a.ttft_ms)),
+        }
+    })
+}
+
+/// The levels the knee may be found at: those of the steady curve with at least `min_s` seconds
+/// when there are two or more; else the non-thin levels of the production curve when there are
+/// two or more; else every arrival level (the basis is reported).
+fn knee_levels(
+    capacity: &[CapacityRow],
+    production: &[ProductionRow],
+    min_s: u64,
+) -> (&'static str, Option<Vec<u32>>) {
+    let steady: Vec<u32> = capacity
+        .iter()
+        .filter(|r| r.seconds >= min_s)
+        .map(|r| r.in_flight)
+        .collect();
+    if steady.len() >= 2 {
+        return ("steady", Some(steady));
+    }
+    let prod: Vec<u32> = production
+        .iter()
+        .filter(|r| !r.thin)
+        .map(|r| r.in_flight)
+        .collect();
+    if prod.len() >= 2 {
+        return ("production", Some(prod));
+    }
+    ("arrivals", None)
+}
+
+fn saturation(
+    p: &Pass1,
+    opts: &AnalyzeOptions,
+    capacity: &[CapacityRow],
+    production: &[ProductionRow],
+) -> Saturation {
+    let knee_factor = opts.knee_factor;
     let levels: Vec<SaturationLevel> = p
         .arrivals
         .iter()
@@ -244,11 +295,16 @@ fn saturation(p: &Pass1, knee_factor: f64) -> Saturation {
             ttft_ms: Percentiles::of(&a.ttft_ms),
         })
         .collect();
-    let base = levels
+    let (basis, allowed) = knee_levels(capacity, production, opts.capacity_min_s);
+    let eligible: Vec<&SaturationLevel> = levels
+        .iter()
+        .filter(|l| allowed.as_ref().is_none_or(|a| a.contains(&l.in_flight)))
+        .collect();
+    let base = eligible
         .iter()
         .find_map(|l| l.ttft_ms.p90.map(|v| (l.in_flight, v)));
     let knee = base.and_then(|(bn, bv)| {
-        levels.iter().find_map(|l| match l.ttft_ms.p90 {
+        eligible.iter().find_map(|l| match l.ttft_ms.p90 {
             Some(v) if l.in_flight > bn && v > knee_factor * bv => Some(Knee {
                 in_flight: l.in_flight,
                 ttft_p90_ms: v,
@@ -260,6 +316,7 @@ fn saturation(p: &Pass1, knee_factor: f64) -> Saturation {
     });
     Saturation {
         knee_factor,
+        knee_basis: basis,
         levels,
         knee,
     }

@@ -1,15 +1,16 @@
 //! What the passes accumulate. Pass 1 (one accumulator per worker, merged) keeps everything that
-//! is order-independent and bounded by seconds, levels and users, and spills 28 bytes per request
+//! is order-independent and bounded by seconds, levels and users, and spills 48 bytes per request
 //! for pass 2; pass 2 reads the spill against the finished timeline (each request's mean in-flight
 //! level) and keeps only per-level min/max tok/s.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use crate::clock::UnixNanos;
 use crate::dialect::Api;
 use crate::meter::histogram::LogHistogram;
+use crate::meter::levels::{GuardConfig, LevelAttribution, LevelSums};
 use crate::meter::replay::{LevelSweep, ReplayAccumulator};
-use crate::meter::timeline::{end_ns, RateStats};
+use crate::meter::timeline::{end_ns, generation_interval, ttft_ns, RateStats};
 use crate::record::{Outcome, RequestRecord};
 use crate::scrape::ServerSample;
 
@@ -246,11 +247,15 @@ impl Pass1 {
         }
         self.replay.add(&self.scratch);
         if let Some(spill) = self.spill.as_mut() {
+            let (gen_from, _) = generation_interval(&self.scratch, end);
             spill.push(SpillEntry {
                 start: r.ts_ns,
                 end,
                 tok_s: r.tok_s.unwrap_or(f64::NAN),
                 in_flight_at_start: r.in_flight_at_start,
+                first_token: ttft_ns(&self.scratch).unwrap_or(0),
+                gen_from,
+                completion_tokens: r.completion_tokens.map_or(f64::NAN, |c| c as f64),
             })?;
         }
         Ok(())
@@ -259,6 +264,97 @@ impl Pass1 {
 
 /// Per-level min and max of `tok_s`, from pass 2.
 pub type LevelTokS = BTreeMap<u32, (f64, f64)>;
+
+/// What pass 2 finds: per-level tok/s extremes and the production-traffic sums.
+#[derive(Debug, Clone, Default)]
+pub struct Pass2 {
+    /// Per-level min and max of `tok_s`.
+    pub level_tok_s: LevelTokS,
+    /// Clean and guarded time and tokens per level (the live meter's level attribution).
+    pub level_sums: BTreeMap<u32, LevelSums>,
+}
+
+/// The live meter's level attribution replayed from records fed in arrival order: each record's
+/// guard closes at its first token (arrival + TTFT), its tokens are spread over its decode
+/// interval at its end (the log holds no per-event times).
+struct ProductionSweep {
+    attr: LevelAttribution,
+    pending: BinaryHeap<std::cmp::Reverse<(UnixNanos, u8, u64)>>,
+    open: HashMap<u64, (crate::meter::levels::GuardKey, UnixNanos, f64)>,
+    decode_from: std::collections::BTreeSet<(UnixNanos, u64)>,
+    seq: u64,
+}
+
+impl ProductionSweep {
+    fn new() -> Self {
+        ProductionSweep {
+            attr: LevelAttribution::new(GuardConfig::default(), 0),
+            pending: BinaryHeap::new(),
+            open: HashMap::new(),
+            decode_from: Default::default(),
+            seq: 0,
+        }
+    }
+
+    /// Replays every first token and end at or before `t` (ends and first tokens before a start
+    /// at the same instant, like the level sweep).
+    fn until(&mut self, t: UnixNanos) {
+        while let Some(&std::cmp::Reverse((at, kind, seq))) = self.pending.peek() {
+            if at > t {
+                break;
+            }
+            self.pending.pop();
+            let Some(&(key, from, tokens)) = self.open.get(&seq) else {
+                continue;
+            };
+            if kind == 0 {
+                self.attr.first_token(at, key);
+                continue;
+            }
+            self.open.remove(&seq);
+            self.decode_from.remove(&(from, seq));
+            self.attr.advance(at);
+            if tokens.is_finite() {
+                self.attr.tokens(from, at, tokens);
+            }
+            self.attr.depart(at, key);
+            let floor = self.decode_from.first().map_or(at, |&(f, _)| f);
+            self.attr.finalize_before(floor);
+        }
+    }
+
+    fn push(&mut self, e: &SpillEntry) {
+        self.until(e.start);
+        if e.end <= e.start {
+            return;
+        }
+        if self.seq == 0 {
+            self.attr = LevelAttribution::new(GuardConfig::default(), e.start);
+        }
+        self.seq += 1;
+        let key = self.attr.arrive(e.start);
+        // As live: without a first token the tokens were made after the guard's cap.
+        let from = if e.first_token > 0 {
+            e.gen_from
+        } else {
+            e.start.saturating_add(GuardConfig::default().guard_max_ns)
+        }
+        .clamp(e.start, e.end);
+        self.open.insert(self.seq, (key, from, e.completion_tokens));
+        self.decode_from.insert((from, self.seq));
+        if e.first_token > 0 && e.first_token < e.end {
+            self.pending
+                .push(std::cmp::Reverse((e.first_token.max(e.start), 0, self.seq)));
+        }
+        self.pending.push(std::cmp::Reverse((e.end, 1, self.seq)));
+    }
+
+    fn finish(mut self) -> BTreeMap<u32, LevelSums> {
+        self.until(UnixNanos::MAX);
+        self.attr.finalize_before(UnixNanos::MAX);
+        self.attr.sums().clone()
+    }
+}
 
 impl Pass1 {
     /// An empty accumulator with its own spill file.
@@ -365,10 +461,12 @@ impl Pass1 {
         self.spills.append(&mut other.spills);
     }
 
-    /// Pass 2: every spilled request, in arrival order, through the exact level sweep; each
-    /// `tok_s` is filed under the request's rounded mean in-flight level.
-    pub fn pass2(&mut self) -> std::io::Result<LevelTokS> {
+    /// Pass 2: every spilled request, in arrival order, through the exact level sweep (each
+    /// `tok_s` is filed under the request's rounded mean in-flight level) and the production
+    /// sweep.
+    pub fn pass2(&mut self) -> std::io::Result<Pass2> {
         let mut out = LevelTokS::new();
+        let mut production = ProductionSweep::new();
         self.spills.extend(self.spill.take());
         let mut visit = |tok_s: f64, mean: f64| {
             let level = mean.round() as u32;
@@ -380,10 +478,14 @@ impl Pass1 {
         };
         let mut sweep = LevelSweep::new();
         for_each_by_start(&mut self.spills, |e| {
+            production.push(e);
             sweep.push(e.start, e.end, e.in_flight_at_start, e.tok_s, &mut visit);
         })?;
         sweep.finish(&mut visit);
-        Ok(out)
+        Ok(Pass2 {
+            level_tok_s: out,
+            level_sums: production.finish(),
+        })
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! Pass 1 parses every input once, in parallel chunks, adding each selected record into
 //! order-independent per-second sums ([`crate::meter::replay`]), per-level and per-user
-//! histograms, and spilling 28 bytes per generation request to a temporary file ([`spill`]). The
+//! histograms, and spilling 48 bytes per generation request to a temporary file ([`spill`]). The
 //! sweep turns the sums into the timeline; pass 2 reads the spill and files each request's tok/s
 //! under its exact mean in-flight level (a sweep in arrival order over the spill's sorted runs) for
 //! the curve's per-request min/max. Memory follows the number of active seconds, levels, users and
@@ -58,6 +58,9 @@ pub struct AnalyzeArgs {
     /// Cross-check: flag a steady window whose proxy and server tok/s differ by more than this, %.
     #[arg(long, default_value_t = 5.0)]
     pub disagreement_threshold_pct: f64,
+    /// Production-traffic curve: levels with fewer clean seconds are shown as thin (no rate).
+    #[arg(long, default_value_t = 10)]
+    pub capacity_min_s: u64,
     /// Print the report as JSON instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -85,6 +88,8 @@ pub struct AnalyzeOptions {
     pub per_second: bool,
     /// Cross-check: disagreements beyond this percentage are flagged.
     pub disagreement_threshold_pct: f64,
+    /// Production-traffic curve: levels with fewer clean seconds are thin.
+    pub capacity_min_s: u64,
 }
 
 impl Default for AnalyzeOptions {
@@ -95,6 +100,7 @@ impl Default for AnalyzeOptions {
             knee_factor: 2.0,
             per_second: false,
             disagreement_threshold_pct: 5.0,
+            capacity_min_s: 10,
         }
     }
 }
@@ -118,6 +124,7 @@ impl AnalyzeOptions {
             knee_factor: args.knee_factor,
             per_second: args.per_second,
             disagreement_threshold_pct: args.disagreement_threshold_pct,
+            capacity_min_s: args.capacity_min_s,
         })
     }
 }
@@ -141,8 +148,8 @@ pub fn analyze_sources(sources: &[input::Source], opts: &AnalyzeOptions) -> anyh
     let mut p1 = drive::pass1(sources, &opts.filter)?;
     let replay = std::mem::take(&mut p1.replay);
     let timeline: ReplayTimeline = replay.finish();
-    let level_tok_s = p1.pass2()?;
-    Ok(build::build(sources, p1, &timeline, &level_tok_s, opts))
+    let pass2 = p1.pass2()?;
+    Ok(build::build(sources, p1, &timeline, &pass2, opts))
 }
 
 /// Runs `tokenmeter analyze`.

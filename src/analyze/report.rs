@@ -27,6 +27,9 @@ pub struct Report {
     pub timeline: TimelineReport,
     /// The capacity curve (steady seconds only), rows by N.
     pub capacity: Vec<CapacityRow>,
+    /// The capacity curve from production traffic (all clean time at each level), rows by N;
+    /// the `/stats` names.
+    pub capacity_production: Vec<crate::meter::levels::ProductionRow>,
     /// TTFT by arrival level and the knee.
     pub saturation: Saturation,
     /// Per-user figures, by generated tokens descending.
@@ -175,9 +178,14 @@ pub struct SecondRow {
 pub struct Saturation {
     /// The knee threshold factor.
     pub knee_factor: f64,
+    /// Which levels the knee was sought among: `"steady"` (levels of the steady curve with at
+    /// least `--capacity-min-s` seconds, when two or more), `"production"` (non-thin levels of
+    /// the production curve, when the steady one is too thin), `"arrivals"` (every level seen).
+    pub knee_basis: &'static str,
     /// One row per observed `in_flight_at_start`.
     pub levels: Vec<SaturationLevel>,
-    /// The first level whose TTFT p90 exceeds `knee_factor` x the p90 at the lowest level.
+    /// The first eligible level whose TTFT p90 exceeds `knee_factor` x the p90 at the lowest
+    /// eligible level.
     pub knee: Option<Knee>,
 }
 

@@ -1,6 +1,7 @@
 //! The per-request context pass 2 needs, spilled to temporary files during pass 1 so the logs
-//! are parsed only once and memory stays independent of the number of lines: 28 bytes per
-//! generation request (arrival ns, end ns, tok/s or NaN, `in_flight_at_start`), written in runs
+//! are parsed only once and memory stays independent of the number of lines: 48 bytes per
+//! generation request (arrival ns, end ns, tok/s or NaN, `in_flight_at_start`, the first-token
+//! instant, the start of the decode interval and the completion tokens), written in runs
 //! sorted by arrival (at most [`RUN_ENTRIES`] in memory at a time) and read back as one stream in
 //! arrival order by a k-way merge of the runs.
 
@@ -14,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::clock::UnixNanos;
 
 /// Bytes per spilled request.
-pub const ENTRY_BYTES: usize = 28;
+pub const ENTRY_BYTES: usize = 48;
 /// Entries sorted in memory before a run is written (7 MiB).
 pub const RUN_ENTRIES: usize = 1 << 18;
 
@@ -29,6 +30,12 @@ pub struct SpillEntry {
     pub tok_s: f64,
     /// Requests in flight at arrival (the mean-level fallback for zero-length requests).
     pub in_flight_at_start: u32,
+    /// The first token's instant (arrival + TTFT), Unix ns; 0 when unknown.
+    pub first_token: UnixNanos,
+    /// Start of the interval the completion tokens are spread over (see `generation_interval`).
+    pub gen_from: UnixNanos,
+    /// Completion tokens; NaN when unknown.
+    pub completion_tokens: f64,
 }
 
 impl SpillEntry {
@@ -38,6 +45,9 @@ impl SpillEntry {
         b[8..16].copy_from_slice(&self.end.to_le_bytes());
         b[16..24].copy_from_slice(&self.tok_s.to_le_bytes());
         b[24..28].copy_from_slice(&self.in_flight_at_start.to_le_bytes());
+        b[28..36].copy_from_slice(&self.first_token.to_le_bytes());
+        b[36..44].copy_from_slice(&self.gen_from.to_le_bytes());
+        b[44..48].copy_from_slice(&(self.completion_tokens as f32).to_le_bytes());
         b
     }
 
@@ -47,13 +57,19 @@ impl SpillEntry {
             x.copy_from_slice(&b[i..i + 8]);
             x
         };
-        let mut ifs = [0u8; 4];
-        ifs.copy_from_slice(&b[24..28]);
+        let u32_at = |i: usize| {
+            let mut x = [0u8; 4];
+            x.copy_from_slice(&b[i..i + 4]);
+            x
+        };
         SpillEntry {
             start: u64::from_le_bytes(u64_at(0)),
             end: u64::from_le_bytes(u64_at(8)),
             tok_s: f64::from_le_bytes(u64_at(16)),
-            in_flight_at_start: u32::from_le_bytes(ifs),
+            in_flight_at_start: u32::from_le_bytes(u32_at(24)),
+            first_token: u64::from_le_bytes(u64_at(28)),
+            gen_from: u64::from_le_bytes(u64_at(36)),
+            completion_tokens: f32::from_le_bytes(u32_at(44)) as f64,
         }
     }
 }
@@ -216,6 +232,9 @@ mod tests {
                 end: start + 5,
                 tok_s: 1.5,
                 in_flight_at_start: 3,
+                first_token: start + 1,
+                gen_from: start + 1,
+                completion_tokens: 12.0,
             };
             a.push(e).unwrap();
             b.push(SpillEntry {

@@ -14,7 +14,7 @@ const LEFT: f64 = 70.0;
 const RIGHT: f64 = 70.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 50.0;
-const COLORS: [&str; 3] = ["#1f77b4", "#d62728", "#2ca02c"];
+const COLORS: [&str; 4] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
 
 /// One plotted line.
 #[derive(Debug, Clone)]
@@ -214,7 +214,8 @@ fn series(name: &str, points: Vec<(f64, f64)>, right_axis: bool) -> Series {
     }
 }
 
-/// Aggregate and per-request tok/s against N.
+/// Aggregate and per-request tok/s against N: the steady-only curve and the production-traffic
+/// curve (its non-thin rows).
 pub fn capacity(r: &Report) -> String {
     let agg = r
         .capacity
@@ -226,14 +227,26 @@ pub fn capacity(r: &Report) -> String {
         .iter()
         .map(|c| (c.in_flight as f64, c.per_request_tok_s.avg))
         .collect();
+    let prod = |f: fn(&crate::meter::levels::ProductionRow) -> Option<f64>| {
+        r.capacity_production
+            .iter()
+            .filter_map(|c| f(c).map(|v| (c.in_flight as f64, v)))
+            .collect()
+    };
     chart(
-        "Capacity curve (steady seconds)",
+        "Capacity curve (steady seconds; production traffic)",
         "requests in flight (N)",
         "tokens/s",
         None,
         &[
             series("aggregate tok/s", agg, false),
             series("per-request tok/s", per, false),
+            series("production aggregate tok/s", prod(|c| c.gen_tok_s), false),
+            series(
+                "production per-request tok/s",
+                prod(|c| c.per_request_tok_s.avg),
+                false,
+            ),
         ],
     )
 }

@@ -121,6 +121,64 @@ pub const CAPACITY_HEADERS: [&str; 7] = [
     "Steady s",
 ];
 
+/// The production-traffic rows as table cells (thin rows show their time base, no rate).
+pub fn production_rows(rows: &[crate::meter::levels::ProductionRow]) -> Vec<Vec<String>> {
+    let mut prev = None;
+    rows.iter()
+        .map(|r| {
+            let p = &r.per_request_tok_s;
+            let t = &r.ttft_ms;
+            let (agg, unguarded) = if r.thin {
+                ("thin".to_string(), "thin".to_string())
+            } else {
+                (
+                    format!("{} tok/s", num(r.gen_tok_s, 1)),
+                    format!("{} tok/s", num(r.gen_tok_s_unguarded, 1)),
+                )
+            };
+            let marginal = match (r.marginal_gain, prev) {
+                (Some(g), Some(pn)) if pn > 0 => {
+                    let ratio = r.in_flight as f64 / pn as f64;
+                    let x = if ratio.fract() == 0.0 {
+                        format!("{ratio:.0}")
+                    } else {
+                        format!("{ratio:.1}")
+                    };
+                    format!("{:+.0}% for {x}× users", g * 100.0)
+                }
+                _ => "—".to_string(),
+            };
+            if !r.thin {
+                prev = Some(r.in_flight);
+            }
+            vec![
+                r.in_flight.to_string(),
+                agg,
+                format!("{} / {} / {}", num(p.min, 1), num(p.avg, 1), num(p.max, 1)),
+                format!("{} / {} / {}", num(t.p50, 0), num(t.p90, 0), num(t.p99, 0)),
+                r.scaling.map_or("—".into(), |s| format!("{s:.1}×")),
+                marginal,
+                format!("{:.1}", r.seconds),
+                format!("{:.1}", r.guard_s),
+                unguarded,
+            ]
+        })
+        .collect()
+}
+
+/// Headers of the production-traffic table.
+pub const PRODUCTION_HEADERS: [&str; 9] = [
+    "Concurrency",
+    "Aggregate",
+    "Per-request tok/s (min/avg/max)",
+    "TTFT ms (p50/p90/p99)",
+    "Scaling",
+    "Marginal gain",
+    "Clean s",
+    "Guard s",
+    "Aggregate incl. guard",
+];
+
 /// Every section as (title, cells).
 pub fn sections(r: &Report) -> Vec<(String, Grid)> {
     let s = &r.summary;
@@ -207,6 +265,10 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
         "Capacity (steady seconds only)".into(),
         grid(&CAPACITY_HEADERS, &capacity_rows(&r.capacity)),
     ));
+    out.push((
+        "Capacity (production traffic: all clean time at each level, guard after each arrival until its first token)".into(),
+        grid(&PRODUCTION_HEADERS, &production_rows(&r.capacity_production)),
+    ));
     let knee = r.saturation.knee.as_ref();
     let sat: Vec<Vec<String>> = r
         .saturation
@@ -239,6 +301,7 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
         ),
         None => format!("Saturation (no knee at {} ×)", r.saturation.knee_factor),
     };
+    let knee_title = format!("{knee_title}; levels: {}", r.saturation.knee_basis);
     out.push((
         knee_title,
         grid(

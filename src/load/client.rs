@@ -97,6 +97,14 @@ impl HttpClient {
         }
     }
 
+    /// The same client (and connection pool) sending `user` instead.
+    pub fn with_user(&self, user: Option<String>) -> Self {
+        Self {
+            user,
+            ..self.clone()
+        }
+    }
+
     /// The server base this client talks to.
     pub fn base(&self) -> &str {
         &self.base

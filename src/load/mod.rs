@@ -26,10 +26,16 @@
 //! `client_aggregate_tok_s = Σ completion_tokens of requests completed ok / wall`.
 //! Behind a tokenmeter proxy, its 10 s windows are sampled; their steady `gen_tok_s` is the
 //! stable figure, the client aggregate drifts with where the deadline cuts the requests.
+//!
+//! Agent-like (see [`agents`]): `--agents N` closed-loop agents with think time, or `--poisson
+//! RATE` open-loop arrivals, prompt and output lengths from distributions; behind a proxy, its
+//! production-traffic capacity table is printed beside the client's figures.
 
+pub mod agents;
 pub mod api;
 pub mod burst;
 pub mod client;
+pub mod dist;
 pub mod duration;
 pub mod event;
 pub mod progress;
@@ -43,8 +49,10 @@ pub mod table;
 
 use std::time::{Duration, Instant};
 
+pub use agents::{AgentSpec, AgentsReport, Arrivals};
 pub use api::Api;
 pub use client::{ChatSpec, HttpClient};
+pub use dist::Dist;
 pub use progress::{NoProgress, Progress, ProgressEvent, StderrProgress};
 pub use report::{BurstReport, LevelReport, LoadReport, SustainedReport};
 pub use result::{RequestResult, TokensFrom};
@@ -110,10 +118,34 @@ pub struct LoadArgs {
     /// How often the sustained method samples a tokenmeter proxy's /stats and prints progress.
     #[arg(long, default_value = "10s", value_parser = duration::parse_duration)]
     pub stats_interval: Duration,
+    /// Agent-like load: this many agents, each thinking between its requests (runs --duration).
+    #[arg(long, conflicts_with_all = ["sustained", "poisson"])]
+    pub agents: Option<usize>,
+    /// Agent-like load, open loop: Poisson arrivals at this mean rate, requests per second.
+    #[arg(long, conflicts_with = "sustained")]
+    pub poisson: Option<f64>,
+    /// Poisson arrivals are skipped (and counted) while this many requests are in flight.
+    #[arg(long, default_value_t = 1024)]
+    pub max_in_flight: usize,
+    /// Think time between an agent's answer and its next request, ms: N, MIN..MAX or exp:MEAN.
+    #[arg(long, default_value = "200..3000", value_parser = Dist::parse)]
+    pub think_ms: Dist,
+    /// Prompt length in words (agents, Poisson): N, MIN..MAX or exp:MEAN.
+    #[arg(long, default_value = "10..2000", value_parser = Dist::parse)]
+    pub prompt_words: Dist,
+    /// max_tokens of each request (agents, Poisson): N, MIN..MAX or exp:MEAN; --max-tokens fixes it.
+    #[arg(long, value_parser = Dist::parse)]
+    pub output_tokens: Option<Dist>,
+    /// Share of agent requests that stream, 0..1 (--no-stream: 0).
+    #[arg(long, default_value_t = 1.0)]
+    pub stream_share: f64,
+    /// Seed of the agents' draws.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
 /// Which method to run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum LoadMethod {
     /// The burst sweep over these levels.
     Burst {
@@ -124,6 +156,15 @@ pub enum LoadMethod {
     Sustained {
         /// Requests kept in flight.
         concurrency: usize,
+        /// Length of the run.
+        duration: Duration,
+    },
+    /// Agent-like load.
+    Agents {
+        /// Agents or Poisson arrivals.
+        arrivals: Arrivals,
+        /// The traffic's shape.
+        spec: AgentSpec,
         /// Length of the run.
         duration: Duration,
     },
@@ -188,6 +229,23 @@ impl LoadOptions {
         )
     }
 
+    /// A default agent-like run against `url`.
+    pub fn agents(
+        url: impl Into<String>,
+        arrivals: Arrivals,
+        spec: AgentSpec,
+        duration: Duration,
+    ) -> Self {
+        Self::with_method(
+            url.into(),
+            LoadMethod::Agents {
+                arrivals,
+                spec,
+                duration,
+            },
+        )
+    }
+
     fn with_method(url: String, method: LoadMethod) -> Self {
         Self {
             url,
@@ -214,6 +272,27 @@ impl LoadOptions {
             LoadMethod::Sustained { concurrency, .. } if !ok_n(*concurrency) => {
                 anyhow::bail!("--concurrency must be between 1 and {MAX_CONCURRENCY}")
             }
+            LoadMethod::Agents {
+                arrivals: Arrivals::Agents { agents },
+                ..
+            } if !ok_n(*agents) => {
+                anyhow::bail!("--agents must be between 1 and {MAX_CONCURRENCY}")
+            }
+            LoadMethod::Agents {
+                arrivals:
+                    Arrivals::Poisson {
+                        rate_per_s,
+                        max_in_flight,
+                    },
+                ..
+            } if !(rate_per_s.is_finite() && *rate_per_s > 0.0 && ok_n(*max_in_flight)) => {
+                anyhow::bail!(
+                    "--poisson must be a positive rate and --max-in-flight 1..={MAX_CONCURRENCY}"
+                )
+            }
+            LoadMethod::Agents { spec, .. } if !(0.0..=1.0).contains(&spec.stream_share) => {
+                anyhow::bail!("--stream-share must be between 0 and 1")
+            }
             _ => {}
         }
         if self.max_tokens == Some(0) {
@@ -228,7 +307,34 @@ impl LoadOptions {
 
 impl From<LoadArgs> for LoadOptions {
     fn from(a: LoadArgs) -> Self {
-        let method = if a.sustained {
+        let output_tokens = match (a.output_tokens, a.max_tokens) {
+            (Some(d), _) => d,
+            (None, Some(m)) => Dist::Fixed { value: m as u64 },
+            (None, None) => AgentSpec::default().output_tokens,
+        };
+        let spec = AgentSpec {
+            think_ms: a.think_ms,
+            prompt_words: a.prompt_words,
+            output_tokens,
+            stream_share: if a.no_stream { 0.0 } else { a.stream_share },
+            seed: a.seed,
+        };
+        let method = if let Some(agents) = a.agents {
+            LoadMethod::Agents {
+                arrivals: Arrivals::Agents { agents },
+                spec,
+                duration: a.duration,
+            }
+        } else if let Some(rate_per_s) = a.poisson {
+            LoadMethod::Agents {
+                arrivals: Arrivals::Poisson {
+                    rate_per_s,
+                    max_in_flight: a.max_in_flight,
+                },
+                spec,
+                duration: a.duration,
+            }
+        } else if a.sustained {
             LoadMethod::Sustained {
                 concurrency: a.concurrency,
                 duration: a.duration,
@@ -269,6 +375,7 @@ pub async fn run(opts: LoadOptions, progress: impl Progress) -> anyhow::Result<L
     let default_max = match opts.method {
         LoadMethod::Burst { .. } => DEFAULT_BURST_MAX_TOKENS,
         LoadMethod::Sustained { .. } => DEFAULT_SUSTAINED_MAX_TOKENS,
+        LoadMethod::Agents { spec, .. } => spec.output_tokens.mean().round() as u32,
     };
     let spec = ChatSpec {
         api: opts.api,
@@ -292,6 +399,7 @@ pub async fn run(opts: LoadOptions, progress: impl Progress) -> anyhow::Result<L
         method: "burst",
         burst: None,
         sustained: None,
+        agents: None,
         proxy: None,
     };
     match &opts.method {
@@ -336,12 +444,74 @@ pub async fn run(opts: LoadOptions, progress: impl Progress) -> anyhow::Result<L
                 detected,
                 note,
                 steady_10s: stats::steady_summary(&samples),
+                capacity_production: final_capacity(&client, detected).await,
                 samples,
             });
             report.sustained = Some(s);
         }
+        LoadMethod::Agents {
+            arrivals,
+            spec: shape,
+            duration,
+        } => {
+            report.method = match arrivals {
+                Arrivals::Agents { .. } => "agents",
+                Arrivals::Poisson { .. } => "poisson",
+            };
+            let (detected, note) = stats::probe(&client).await;
+            let start = Instant::now();
+            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+            let poller = detected.then(|| {
+                tokio::spawn(stats::poll_until(
+                    client.clone(),
+                    start,
+                    opts.stats_interval,
+                    stop_rx,
+                ))
+            });
+            let a = agents::run_agents(
+                &client,
+                &spec,
+                opts.user.as_deref(),
+                *arrivals,
+                *shape,
+                *duration,
+                opts.stats_interval,
+                &progress,
+            )
+            .await;
+            let _ = stop_tx.send(());
+            let mut samples = match poller {
+                Some(h) => h.await.unwrap_or_default(),
+                None => Vec::new(),
+            };
+            if detected {
+                samples.extend(stats::sample(&client, start).await);
+            }
+            report.proxy = Some(stats::ProxyReport {
+                detected,
+                note,
+                steady_10s: stats::steady_summary(&samples),
+                capacity_production: final_capacity(&client, detected).await,
+                samples,
+            });
+            report.agents = Some(a);
+        }
     }
     Ok(report)
+}
+
+/// The proxy's production-traffic curve after a run: read once the meter's current second is
+/// over, so the segments of the requests that just ended (or were cancelled) are final.
+async fn final_capacity(
+    client: &HttpClient,
+    detected: bool,
+) -> Option<Vec<stats::ProxyCapacityRow>> {
+    if !detected {
+        return None;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    stats::capacity(client).await
 }
 
 /// Runs `tokenmeter load` and prints the report (tables, or JSON with `--json`).

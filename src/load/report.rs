@@ -182,12 +182,14 @@ pub struct LoadReport {
     pub user: Option<String>,
     /// Whether an API key was sent (the key itself is never reported).
     pub api_key_sent: bool,
-    /// `"burst"` or `"sustained"`.
+    /// `"burst"`, `"sustained"`, `"agents"` or `"poisson"`.
     pub method: &'static str,
     /// The burst sweep, when run.
     pub burst: Option<BurstReport>,
     /// The sustained run, when run.
     pub sustained: Option<SustainedReport>,
+    /// The agent-like run (`method` `"agents"` or `"poisson"`), when run.
+    pub agents: Option<super::agents::AgentsReport>,
     /// What a tokenmeter proxy in front of the server measured (sustained runs).
     pub proxy: Option<ProxyReport>,
 }

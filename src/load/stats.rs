@@ -67,6 +67,60 @@ pub struct ProxyReport {
     pub samples: Vec<ProxySample>,
     /// Steady 10 s windows; null when there were none.
     pub steady_10s: Option<SteadySummary>,
+    /// The proxy's production-traffic curve (`capacity_production` of `/stats`) read after the
+    /// run; null when it was not available.
+    pub capacity_production: Option<Vec<ProxyCapacityRow>>,
+}
+
+/// TTFT percentiles of a proxy capacity row.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProxyTtft {
+    /// Median, ms.
+    #[serde(default)]
+    pub p50: Option<f64>,
+    /// 90th percentile, ms.
+    #[serde(default)]
+    pub p90: Option<f64>,
+}
+
+/// Per-request figures of a proxy capacity row.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProxyPerRequest {
+    /// `gen_tok_s / N`.
+    #[serde(default)]
+    pub avg: Option<f64>,
+}
+
+/// The fields of one row of the proxy's production-traffic curve this tool reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProxyCapacityRow {
+    /// The level N.
+    pub in_flight: u32,
+    /// Clean seconds at N.
+    #[serde(default)]
+    pub seconds: f64,
+    /// Too little time for a rate.
+    #[serde(default)]
+    pub thin: bool,
+    /// Aggregate rate at N.
+    #[serde(default)]
+    pub gen_tok_s: Option<f64>,
+    /// Per-request figures.
+    #[serde(default)]
+    pub per_request_tok_s: ProxyPerRequest,
+    /// TTFT of requests that arrived at N.
+    #[serde(default)]
+    pub ttft_ms: ProxyTtft,
+}
+
+/// The proxy's production-traffic curve now; None when `/stats` has none.
+pub async fn capacity(client: &HttpClient) -> Option<Vec<ProxyCapacityRow>> {
+    let (status, body) = client.get_json("/stats").await.ok()?;
+    let rows = body
+        .filter(|_| status == 200)?
+        .get("capacity_production")?
+        .clone();
+    serde_json::from_value(rows).ok()
 }
 
 /// Whether `base` is a tokenmeter proxy, with a one-line note.
@@ -181,6 +235,6 @@ mod tests {
     fn window_with_nulls_parses() {
         let w: ProxyWindow = serde_json::from_str(r#"{"seconds":10,"gen_tok_s":null,"steady":null,"in_flight":{"min":null,"max":3,"mean":1.5},"extra":1}"#).unwrap();
         assert_eq!(w.gen_tok_s, None);
-        assert_eq!(w.in_flight.unwrap().max, Some(3.0));
+        assert_eq!(w.in_flight.as_ref().unwrap().max, Some(3.0));
     }
 }

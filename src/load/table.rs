@@ -2,6 +2,7 @@
 
 use std::fmt::Write;
 
+use super::agents::{AgentsReport, Arrivals};
 use super::report::{BurstReport, LoadReport, RequestFigures, SustainedReport};
 use super::stats::ProxyReport;
 use super::summary::MinAvgMax;
@@ -50,6 +51,9 @@ pub fn render(r: &LoadReport) -> String {
     }
     if let Some(s) = &r.sustained {
         sustained(&mut out, s, r.proxy.as_ref());
+    }
+    if let Some(a) = &r.agents {
+        agents(&mut out, a, r.proxy.as_ref());
     }
     out
 }
@@ -160,7 +164,92 @@ fn sustained(out: &mut String, s: &SustainedReport, proxy: Option<&ProxyReport>)
         let _ = writeln!(out, "| {k} | {v} |");
     }
     notes(out, "sustained", f);
-    let Some(p) = proxy else { return };
+    if let Some(p) = proxy {
+        proxy_windows(out, p, s.client_aggregate_tok_s);
+    }
+}
+
+fn agents(out: &mut String, a: &AgentsReport, proxy: Option<&ProxyReport>) {
+    let f = &a.figures;
+    let how = match a.arrivals {
+        Arrivals::Agents { agents } => format!("{agents} agents, think {} ms", a.spec.think_ms),
+        Arrivals::Poisson { rate_per_s, .. } => format!("Poisson arrivals, {rate_per_s} /s"),
+    };
+    let _ = writeln!(
+        out,
+        "\nAgent-like load: {how}; prompts {} words, max_tokens {}, {:.0}% streaming; {:.1} s (wall {:.2} s)\n",
+        a.spec.prompt_words,
+        a.spec.output_tokens,
+        a.spec.stream_share * 100.0,
+        a.duration_s,
+        a.wall_s
+    );
+    let _ = writeln!(out, "| Client figure | Value |\n|---|---|");
+    let rows = [
+        (
+            "Client aggregate (completed tokens / wall)",
+            format!("{} tok/s", num(a.client_aggregate_tok_s, 1)),
+        ),
+        (
+            "Per-request tok/s (min/avg/max)",
+            mam(f.per_request_tok_s, 1),
+        ),
+        ("TTFT ms (min/avg/max)", mam(f.ttft_ms, 0)),
+        ("Request wall ms (min/avg/max)", mam(f.e2e_ms, 0)),
+        (
+            "Completed ok / failed / cancelled at deadline / skipped",
+            format!(
+                "{} / {} / {} / {}",
+                f.requests - f.failures,
+                f.failures,
+                a.cancelled_at_deadline,
+                a.skipped
+            ),
+        ),
+        ("Max in flight (client)", a.max_in_flight.to_string()),
+    ];
+    for (k, v) in rows {
+        let _ = writeln!(out, "| {k} | {v} |");
+    }
+    notes(out, "agents", f);
+    if let Some(p) = proxy {
+        proxy_windows(out, p, a.client_aggregate_tok_s);
+    }
+}
+
+/// The proxy's production-traffic capacity table, as `/stats` holds it after the run.
+fn proxy_capacity(out: &mut String, p: &ProxyReport) {
+    let Some(rows) = &p.capacity_production else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "\nProxy capacity from production traffic (/stats capacity_production):\n\n\
+         | Concurrency | Aggregate tok/s | Per-request tok/s | TTFT ms p50/p90 | Clean s |\n|---|---|---|---|---|"
+    );
+    for r in rows {
+        let agg = if r.thin {
+            "thin".to_string()
+        } else {
+            num(r.gen_tok_s, 1)
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {agg} | {} | {} / {} | {:.1} |",
+            r.in_flight,
+            if r.thin {
+                "thin".to_string()
+            } else {
+                num(r.per_request_tok_s.avg, 1)
+            },
+            num(r.ttft_ms.p50, 0),
+            num(r.ttft_ms.p90, 0),
+            r.seconds
+        );
+    }
+}
+
+fn proxy_windows(out: &mut String, p: &ProxyReport, client_aggregate: Option<f64>) {
     let _ = writeln!(out, "\n{}", p.note);
     if !p.detected {
         return;
@@ -190,7 +279,7 @@ fn sustained(out: &mut String, s: &SustainedReport, proxy: Option<&ProxyReport>)
                 num(Some(st.gen_tok_s.avg), 1),
                 st.gen_tok_s.n,
                 num(st.spread_pct, 1),
-                num(s.client_aggregate_tok_s, 1)
+                num(client_aggregate, 1)
             );
         }
         None => {
@@ -200,6 +289,7 @@ fn sustained(out: &mut String, s: &SustainedReport, proxy: Option<&ProxyReport>)
             );
         }
     }
+    proxy_capacity(out, p);
 }
 
 #[cfg(test)]

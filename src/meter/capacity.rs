@@ -123,6 +123,19 @@ impl CapacityAccumulator {
         }
     }
 
+    /// The per-request figures of level `n` (tok/s min/max by life level, TTFT by arrival level).
+    pub fn request_figures(&self, n: u32) -> super::levels::RequestFiguresAt {
+        let acc = self.levels.get(&n);
+        super::levels::RequestFiguresAt {
+            tok_s_min: acc.and_then(|a| a.tok_s_min),
+            tok_s_max: acc.and_then(|a| a.tok_s_max),
+            ttft_ms: acc.map_or_else(
+                || Percentiles::of(&LogHistogram::new()),
+                |a| Percentiles::of(&a.ttft_ms),
+            ),
+        }
+    }
+
     /// The rows, ordered by N: only levels with at least one steady second.
     pub fn rows(&self) -> Vec<CapacityRow> {
         let mean_1 = self

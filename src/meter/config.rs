@@ -22,6 +22,17 @@ pub struct MeterConfig {
     pub cold_start_idle_s: u64,
     /// Whether Prometheus counters carry a `user` label (capped at `max_tracked_users`).
     pub metrics_user_label: bool,
+    /// A window is `steady` when the level's mean absolute deviation from its median N is at
+    /// most this percentage of N (see `WindowStats::steady`).
+    pub steady_tolerance_pct: u32,
+    /// Production-traffic curve: levels with fewer clean seconds than this are shown as thin
+    /// (no rate).
+    pub capacity_min_s: u64,
+    /// An arrival's guard closes at this age when the newcomer passed no token yet (non-streamed
+    /// requests), milliseconds.
+    pub capacity_guard_max_ms: u64,
+    /// Guard added after a newcomer's first token and after each departure, milliseconds.
+    pub capacity_guard_extra_ms: u64,
 }
 
 impl Default for MeterConfig {
@@ -33,6 +44,10 @@ impl Default for MeterConfig {
             user_idle_expiry_s: 900,
             cold_start_idle_s: 300,
             metrics_user_label: false,
+            steady_tolerance_pct: 5,
+            capacity_min_s: 10,
+            capacity_guard_max_ms: 1000,
+            capacity_guard_extra_ms: 0,
         }
     }
 }
@@ -64,10 +79,24 @@ impl MeterConfig {
         if self.max_tracked_users == 0 {
             return Err("meter.max_tracked_users must be at least 1".into());
         }
+        if self.steady_tolerance_pct > 100 {
+            return Err(format!(
+                "meter.steady_tolerance_pct must be 0..=100, got {}",
+                self.steady_tolerance_pct
+            ));
+        }
         if self.user_idle_expiry_s == 0 {
             return Err("meter.user_idle_expiry_s must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// The guard settings of the production-traffic curve.
+    pub fn guard(&self) -> super::levels::GuardConfig {
+        super::levels::GuardConfig {
+            guard_max_ns: self.capacity_guard_max_ms.saturating_mul(1_000_000),
+            guard_extra_ns: self.capacity_guard_extra_ms.saturating_mul(1_000_000),
+        }
     }
 
     /// The window names, `"<W>s"`, in configured order.

@@ -12,9 +12,10 @@ use super::capacity::{CapacityAccumulator, RequestLevel};
 use super::config::{MeterConfig, MAX_HORIZON_S};
 use super::inflight::mean_level;
 use super::labels::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
+use super::levels::{GuardKey, LevelAttribution};
 use super::prometheus::{PromState, Slot};
 use super::scope::Scope;
-use super::timeline::second_of;
+use super::timeline::{generation_interval, second_of};
 
 #[derive(Debug, Clone)]
 struct OpenRequest {
@@ -27,6 +28,11 @@ struct OpenRequest {
     prom_slot: Slot,
     /// Prompt tokens already counted live (from a streamed usage).
     prompt_live: u64,
+    /// The previous token event's time (`None` before the first).
+    last_token_ns: Option<UnixNanos>,
+    /// The first token event's time.
+    first_token_ns: Option<UnixNanos>,
+    guard: GuardKey,
 }
 
 /// The live accounting of generation requests: aggregate, per-user and per-model seconds,
@@ -41,6 +47,8 @@ pub struct Meter {
     pub(super) models: HashMap<Arc<str>, Scope>,
     open: HashMap<u64, OpenRequest, BuildHasherDefault<IdHasher>>,
     pub(super) capacity: CapacityAccumulator,
+    /// The production-traffic curve's attribution (aggregate scope).
+    pub(super) levels: LevelAttribution,
     finalized_to: u64,
     last_tick_sec: u64,
     pub(super) prom: PromState,
@@ -88,6 +96,7 @@ impl Meter {
         config.windows_s.retain(|w| (1..=h).contains(w));
         config.max_tracked_users = config.max_tracked_users.max(1);
         let origin_sec = second_of(origin);
+        let levels = LevelAttribution::new(config.guard(), origin);
         Meter {
             prom: PromState::new(config.metrics_user_label, config.max_tracked_users),
             config,
@@ -98,6 +107,7 @@ impl Meter {
             models: HashMap::new(),
             open: HashMap::default(),
             capacity: CapacityAccumulator::new(),
+            levels,
             finalized_to: origin_sec,
             last_tick_sec: origin_sec,
             server: None,
@@ -145,7 +155,16 @@ impl Meter {
             }
             self.finalized_to = limit;
         }
-        self.aggregate.ring.evict_before(floor);
+        self.aggregate.evict_before(floor);
+        // A segment is final once every open request's remaining tokens would be spread after it.
+        let decode_from = self
+            .open
+            .values()
+            .map(|o| o.first_token_ns.unwrap_or(o.start_ns))
+            .min()
+            .unwrap_or(now);
+        self.levels.advance(now);
+        self.levels.finalize_before(decode_from);
         if let Some(t) = &mut self.server {
             t.evict_before(floor.saturating_mul(NANOS_PER_SEC));
         }
@@ -157,7 +176,7 @@ impl Meter {
             if s.in_flight.level() > 0 {
                 s.advance(now, floor);
             }
-            s.ring.evict_before(floor);
+            s.evict_before(floor);
         }
     }
 
@@ -231,6 +250,7 @@ impl Meter {
         }
         let area_start = self.aggregate.in_flight.area_ns();
         let prom_slot = self.prom.slot(model_name, user_name);
+        let guard = self.levels.arrive(now);
         self.open.insert(
             id,
             OpenRequest {
@@ -241,6 +261,9 @@ impl Meter {
                 area_start,
                 prom_slot,
                 prompt_live: 0,
+                last_token_ns: None,
+                first_token_ns: None,
+                guard,
             },
         );
     }
@@ -255,6 +278,17 @@ impl Meter {
         let d = delta as f64;
         o.attributed += d;
         self.prom.generated(o.prom_slot, delta);
+        // The tokens were made over the gap since this request's previous event (its decode
+        // steps); the first event also ends the newcomer's guard.
+        let from = o.last_token_ns.unwrap_or(o.start_ns);
+        if o.first_token_ns.is_none() {
+            o.first_token_ns = Some(now);
+            self.levels.first_token(now, o.guard);
+        } else {
+            self.levels.advance(now);
+        }
+        self.levels.tokens(from, now, d);
+        o.last_token_ns = Some(o.last_token_ns.map_or(now, |t| t.max(now)));
         self.aggregate.tokens(now, d, floor);
         if let Some(s) = self.users.get_mut(&o.user) {
             s.tokens(now, d, floor);
@@ -307,6 +341,20 @@ impl Meter {
             .flatten()
         {
             s.finish(now, record, attributed, started, floor);
+        }
+        if let Some(o) = &open {
+            self.levels.depart(now, o.guard);
+            if let Some(total) = record.completion_tokens {
+                let (from, to) = generation_interval(record, now);
+                // Without a token event (non-streamed) the tokens were made after the newcomer's
+                // guard, not during its queueing and prefill.
+                let from = match o.first_token_ns {
+                    Some(_) => from.max(o.start_ns),
+                    None => o.start_ns.saturating_add(self.config.guard().guard_max_ns),
+                };
+                self.levels
+                    .tokens(from.min(to), to, total as f64 - o.attributed);
+            }
         }
         let level = match &open {
             Some(o) => mean_level(

@@ -12,6 +12,8 @@ pub mod histogram;
 pub mod http;
 pub mod inflight;
 pub mod labels;
+pub mod level_time;
+pub mod levels;
 pub mod live;
 pub mod process;
 pub mod prometheus;

@@ -7,6 +7,7 @@ use crate::clock::UnixNanos;
 use crate::record::{Outcome, RequestRecord};
 
 use super::inflight::InFlightIntegrator;
+use super::level_time::LevelTime;
 use super::ring::Ring;
 use super::timeline::{attribute_finish, second_of};
 
@@ -67,6 +68,8 @@ pub struct Scope {
     pub ring: Ring,
     /// In-flight level of this scope.
     pub in_flight: InFlightIntegrator,
+    /// Time at each level per second (window shares), within the horizon.
+    pub level_time: LevelTime,
     /// Counts since the scope appeared.
     pub totals: Totals,
     /// Time of the last start or finish in this scope.
@@ -86,19 +89,27 @@ impl Scope {
 
     /// Integrates the in-flight level up to `now` into the buckets from `floor_sec` on.
     pub fn advance(&mut self, now: UnixNanos, floor_sec: u64) {
-        let ring = &mut self.ring;
+        let (ring, lt) = (&mut self.ring, &mut self.level_time);
         self.in_flight
             .advance(now, floor_sec, &mut |sec, level, ns| {
                 ring.bucket_mut(sec).observe_level(level, ns);
+                lt.observe(sec, level, ns);
             });
     }
 
     fn change_level(&mut self, now: UnixNanos, delta: i32, floor_sec: u64) {
-        let ring = &mut self.ring;
+        let (ring, lt) = (&mut self.ring, &mut self.level_time);
         self.in_flight
             .change(now, delta, floor_sec, &mut |sec, level, ns| {
                 ring.bucket_mut(sec).observe_level(level, ns);
+                lt.observe(sec, level, ns);
             });
+    }
+
+    /// Forgets seconds before `min_sec`.
+    pub fn evict_before(&mut self, min_sec: u64) {
+        self.ring.evict_before(min_sec);
+        self.level_time.evict_before(min_sec);
     }
 
     /// A request started at `now`.

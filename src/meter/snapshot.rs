@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::access_log::AccessLogCounters;
 
 use super::capacity::CapacityRow;
+use super::levels::ProductionRow;
 use super::scope::Totals;
 use super::window::WindowStats;
 
@@ -121,6 +122,9 @@ pub struct StatsSnapshot {
     /// no open request started at or before it (so none can still attribute tokens to it), or
     /// when it leaves the horizon. The curve therefore lags by the age of the oldest open request.
     pub capacity: Vec<CapacityRow>,
+    /// The capacity curve from production traffic since start: all the clean time at each level
+    /// (guards after arrivals excluded), final segments only (the same lag as `capacity`).
+    pub capacity_production: Vec<ProductionRow>,
     /// Access-log counters (filled by the caller).
     pub access_log: AccessLogView,
     /// The scraper of the upstream's `/metrics` (filled by the caller); `null` when scraping

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
 
 use super::engine::Meter;
+use super::levels::production_rows;
 use super::scope::Scope;
 use super::snapshot::{
     AccessLogView, ScopeView, SnapshotError, SnapshotQuery, StatsSnapshot, Windows, STATS_SCHEMA,
@@ -37,11 +38,16 @@ impl Meter {
         let floor = self.floor(now_sec);
         // The meter's first (partial) second counts as covered: nothing was in flight before it.
         let earliest = second_of(self.origin).max(floor);
+        let tolerance = self.config.steady_tolerance_pct as f64 / 100.0;
         let view = |s: &mut Scope| {
             s.advance(now, floor);
             let ws = windows
                 .iter()
-                .map(|(name, len)| (name.clone(), window_stats(&s.ring, now_sec, *len, earliest)))
+                .map(|(name, len)| {
+                    let w =
+                        window_stats(&s.ring, &s.level_time, now_sec, *len, earliest, tolerance);
+                    (name.clone(), w)
+                })
                 .collect();
             let idle_s = if s.in_flight.level() > 0 {
                 0.0
@@ -84,6 +90,13 @@ impl Meter {
             users_folded: self.users_folded,
             models,
             capacity: self.capacity.rows(),
+            capacity_production: {
+                self.levels.advance(now);
+                let cap = &self.capacity;
+                production_rows(self.levels.sums(), self.config.capacity_min_s as f64, |n| {
+                    cap.request_figures(n)
+                })
+            },
             access_log: AccessLogView::default(),
             server_scrape: None,
             meter_events_dropped: 0,

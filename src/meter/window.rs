@@ -1,13 +1,18 @@
 //! Window statistics over the last W complete seconds of one scope.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
+use crate::clock::NANOS_PER_SEC;
+
+use super::level_time::{level_mix, LevelTime};
 use super::ring::Ring;
 use super::summary::{MinMeanMax, Percentiles};
 use super::timeline::FinishedStats;
 
 /// The in-flight level over a window.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct InFlightStats {
     /// Lowest level at any instant of the window.
     pub min: u32,
@@ -15,6 +20,12 @@ pub struct InFlightStats {
     pub max: u32,
     /// Time-weighted mean level (integral / covered seconds).
     pub mean: f64,
+    /// Time-weighted median level: the level the window spent most of its time around.
+    pub median: u32,
+    /// Time-weighted mean of |level - median|, requests.
+    pub deviation: f64,
+    /// Share of the window's time at each level, keyed by level (`"0"` is idle time).
+    pub shares: BTreeMap<u32, f64>,
 }
 
 /// One window: the last `seconds` complete seconds before the snapshot's current second (the
@@ -37,9 +48,16 @@ pub struct WindowStats {
     pub errors: Option<u64>,
     /// In-flight level over the window.
     pub in_flight: Option<InFlightStats>,
-    /// The level never changed and was > 0 for the whole (full-length) window: vLLM's
-    /// "Running: N reqs" throughout.
+    /// Steady at `steady_in_flight`: the (full-length) window's median level N is > 0 and the
+    /// level's mean absolute deviation from N is at most `steady_tolerance_pct` % of N. Since
+    /// aggregate throughput does not fall and per-request throughput does not rise with the
+    /// level, the window's rate is then within that percentage of the rate at N.
     pub steady: bool,
+    /// N when `steady`, else `null`.
+    pub steady_in_flight: Option<u32>,
+    /// The level never changed and was > 0 for the whole (full-length) window: vLLM's
+    /// "Running: N reqs" throughout (lockstep load only).
+    pub steady_strict: bool,
     /// min / mean / max of `tok_s` over requests that finished in the window.
     pub tok_s: MinMeanMax,
     /// TTFT percentiles over requests that finished in the window, ms.
@@ -56,8 +74,16 @@ pub struct WindowStats {
     pub server: Option<crate::scrape::ServerWindow>,
 }
 
-/// Computes the window `[to - len, to)` of `ring`, clipped to seconds `>= earliest`.
-pub fn window_stats(ring: &Ring, to: u64, len: u64, earliest: u64) -> WindowStats {
+/// Computes the window `[to - len, to)` of `ring` and `levels`, clipped to seconds `>= earliest`;
+/// `tolerance` is the steady tolerance as a fraction (0.05 for 5 %).
+pub fn window_stats(
+    ring: &Ring,
+    levels: &LevelTime,
+    to: u64,
+    len: u64,
+    earliest: u64,
+    tolerance: f64,
+) -> WindowStats {
     let from = to.saturating_sub(len).max(earliest);
     let seconds = to.saturating_sub(from);
     if seconds == 0 {
@@ -70,6 +96,8 @@ pub fn window_stats(ring: &Ring, to: u64, len: u64, earliest: u64) -> WindowStat
             errors: None,
             in_flight: None,
             steady: false,
+            steady_in_flight: None,
+            steady_strict: false,
             tok_s: MinMeanMax {
                 min: None,
                 mean: None,
@@ -113,6 +141,12 @@ pub fn window_stats(ring: &Ring, to: u64, len: u64, earliest: u64) -> WindowStat
         lo = 0; // an absent second was idle
     }
     let n = seconds as f64;
+    let mix = level_mix(&levels.ns_by_level(from, to), seconds * NANOS_PER_SEC);
+    let full = seconds == len;
+    let steady_in_flight = mix.as_ref().and_then(|m| {
+        (full && m.median > 0 && m.deviation <= tolerance * m.median as f64 + 1e-12)
+            .then_some(m.median)
+    });
     WindowStats {
         seconds,
         gen_tok_s: Some(gen / n),
@@ -124,8 +158,13 @@ pub fn window_stats(ring: &Ring, to: u64, len: u64, earliest: u64) -> WindowStat
             min: lo,
             max: hi,
             mean: area / n,
+            median: mix.as_ref().map_or(0, |m| m.median),
+            deviation: mix.as_ref().map_or(0.0, |m| m.deviation),
+            shares: mix.map(|m| m.shares).unwrap_or_default(),
         }),
-        steady: seconds == len && present == seconds && matches!(steady_at, Some(Some(_))),
+        steady: steady_in_flight.is_some(),
+        steady_in_flight,
+        steady_strict: full && present == seconds && matches!(steady_at, Some(Some(_))),
         tok_s: MinMeanMax {
             min: (fin.tok_s.count > 0).then_some(fin.tok_s.min),
             mean: fin.tok_s.mean(),

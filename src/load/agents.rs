@@ -1,0 +1,298 @@
+//! Agent-like load: N closed-loop agents that think between requests, or open-loop Poisson
+//! arrivals; prompt and output lengths drawn from distributions. This is production-shaped
+//! traffic: the in-flight level changes all the time, which is what the proxy's
+//! production-traffic curve is built to measure.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::{rngs::SmallRng, Rng, SeedableRng};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use super::client::{ChatSpec, HttpClient};
+use super::dist::Dist;
+use super::progress::{Progress, ProgressEvent};
+use super::prompts::prompt_for;
+use super::report::{ClientTick, RequestFigures};
+use super::result::RequestResult;
+
+/// Upper bound on requests started in one run.
+const MAX_STARTED: usize = 10_000_000;
+
+/// How requests arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Arrivals {
+    /// N agents, each: think, send one request, wait for its answer, repeat.
+    Agents {
+        /// Number of agents.
+        agents: usize,
+    },
+    /// Open loop: arrivals at exponential gaps (a Poisson process), whatever is in flight.
+    Poisson {
+        /// Mean arrivals per second.
+        rate_per_s: f64,
+        /// Arrivals while this many are in flight are skipped (and counted).
+        max_in_flight: usize,
+    },
+}
+
+/// The shape of agent-like traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AgentSpec {
+    /// Think time between an answer and the agent's next request, ms (agents only).
+    pub think_ms: Dist,
+    /// Words in each prompt (about 1.3 tokens per word for most tokenizers).
+    pub prompt_words: Dist,
+    /// `max_tokens` of each request.
+    pub output_tokens: Dist,
+    /// Share of requests that stream (the rest ask for one JSON answer).
+    pub stream_share: f64,
+    /// Seed of every draw, so a run can be repeated.
+    pub seed: u64,
+}
+
+impl Default for AgentSpec {
+    fn default() -> Self {
+        AgentSpec {
+            think_ms: Dist::Uniform {
+                min: 200,
+                max: 3000,
+            },
+            prompt_words: Dist::Uniform { min: 10, max: 2000 },
+            output_tokens: Dist::Uniform { min: 20, max: 300 },
+            stream_share: 1.0,
+            seed: 1,
+        }
+    }
+}
+
+/// An agent-like run.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentsReport {
+    /// How requests arrived.
+    pub arrivals: Arrivals,
+    /// The traffic's shape.
+    pub spec: AgentSpec,
+    /// Requested duration, seconds.
+    pub duration_s: f64,
+    /// Seconds from the start to the cancellation of the requests still in flight.
+    pub wall_s: f64,
+    /// Requests started.
+    pub started: usize,
+    /// Requests in flight at the deadline, cancelled and left out of the figures.
+    pub cancelled_at_deadline: usize,
+    /// Poisson arrivals skipped because `max_in_flight` were in flight.
+    pub skipped: usize,
+    /// Figures over requests that finished before the deadline.
+    #[serde(flatten)]
+    pub figures: RequestFigures,
+    /// `completion_tokens / wall_s` over requests completed ok before the deadline.
+    pub client_aggregate_tok_s: Option<f64>,
+    /// Most requests in flight at once, as the client saw it.
+    pub max_in_flight: usize,
+    /// Client-side samples, one per progress interval.
+    pub ticks: Vec<ClientTick>,
+    /// Every finished request, in finishing order.
+    pub results: Vec<RequestResult>,
+}
+
+/// A prompt of about `words` words, distinct per `seq`.
+pub fn prompt_of(seq: usize, words: u64) -> String {
+    let mut p = prompt_for(seq);
+    p.push_str(" Context:");
+    for w in 0..words {
+        p.push_str(if w % 7 == 0 { " fn" } else { " code" });
+    }
+    p
+}
+
+/// What one request asks for, drawn from `spec`.
+fn draw(spec: &AgentSpec, base: &ChatSpec, seq: usize, rng: &mut SmallRng) -> ChatSpec {
+    ChatSpec {
+        prompt: prompt_of(seq, spec.prompt_words.sample(rng)),
+        max_tokens: spec.output_tokens.sample(rng).clamp(1, u32::MAX as u64) as u32,
+        stream: rng.gen_bool(spec.stream_share.clamp(0.0, 1.0)),
+        ..base.clone()
+    }
+}
+
+/// A client of its own per agent, so each is a distinct user (`agent-<i>`) unless `user` is set.
+fn agent_client(client: &HttpClient, user: Option<&str>, name: String) -> HttpClient {
+    client.with_user(Some(user.map_or(name, str::to_owned)))
+}
+
+/// Runs agent-like load for `duration`; at the deadline the requests in flight are cancelled.
+#[allow(clippy::too_many_arguments)]
+pub async fn run_agents(
+    client: &HttpClient,
+    base: &ChatSpec,
+    user: Option<&str>,
+    arrivals: Arrivals,
+    spec: AgentSpec,
+    duration: Duration,
+    tick_interval: Duration,
+    progress: &dyn Progress,
+) -> AgentsReport {
+    let live = Arc::new(AtomicU64::new(0));
+    let in_flight = Arc::new(AtomicU64::new(0));
+    let started_n = Arc::new(AtomicU64::new(0));
+    let skipped_n = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = tokio::time::Instant::from_std(start + duration);
+    let (tx, mut rx) = mpsc::unbounded_channel::<RequestResult>();
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    match arrivals {
+        Arrivals::Agents { agents } => {
+            for i in 0..agents.max(1) {
+                let client = agent_client(client, user, format!("agent-{i}"));
+                let (tx, live, in_flight, started_n) = (
+                    tx.clone(),
+                    live.clone(),
+                    in_flight.clone(),
+                    started_n.clone(),
+                );
+                let base = base.clone();
+                tasks.spawn(async move {
+                    let mut rng = SmallRng::seed_from_u64(spec.seed ^ ((i as u64 + 1) * 0x9E37));
+                    // Agents start spread over one mean think time, not all in the same instant.
+                    let first = rng.gen_range(0.0..=spec.think_ms.mean().max(1.0));
+                    tokio::time::sleep(Duration::from_secs_f64(first / 1e3)).await;
+                    loop {
+                        let seq = started_n.fetch_add(1, Ordering::Relaxed) as usize;
+                        if seq >= MAX_STARTED {
+                            return;
+                        }
+                        let chat = draw(&spec, &base, seq, &mut rng);
+                        in_flight.fetch_add(1, Ordering::Relaxed);
+                        let r = client.chat(seq, &chat, &live).await;
+                        in_flight.fetch_sub(1, Ordering::Relaxed);
+                        let _ = tx.send(r);
+                        let think = spec.think_ms.sample(&mut rng);
+                        tokio::time::sleep(Duration::from_millis(think)).await;
+                    }
+                });
+            }
+        }
+        Arrivals::Poisson {
+            rate_per_s,
+            max_in_flight,
+        } => {
+            let client = agent_client(client, user, "poisson".into());
+            let (tx, live, in_flight, started_n, skipped_n) = (
+                tx.clone(),
+                live.clone(),
+                in_flight.clone(),
+                started_n.clone(),
+                skipped_n.clone(),
+            );
+            let base = base.clone();
+            tasks.spawn(async move {
+                let mut rng = SmallRng::seed_from_u64(spec.seed);
+                let gap = Dist::Exponential {
+                    mean: 1e6 / rate_per_s.max(1e-9),
+                };
+                let mut requests: JoinSet<()> = JoinSet::new();
+                let mut next = tokio::time::Instant::now();
+                loop {
+                    next += Duration::from_micros(gap.sample(&mut rng));
+                    tokio::time::sleep_until(next).await;
+                    while requests.try_join_next().is_some() {}
+                    if in_flight.load(Ordering::Relaxed) as usize >= max_in_flight {
+                        skipped_n.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    let seq = started_n.fetch_add(1, Ordering::Relaxed) as usize;
+                    if seq >= MAX_STARTED {
+                        return;
+                    }
+                    let chat = draw(&spec, &base, seq, &mut rng);
+                    let (client, tx, live, in_flight) =
+                        (client.clone(), tx.clone(), live.clone(), in_flight.clone());
+                    in_flight.fetch_add(1, Ordering::Relaxed);
+                    requests.spawn(async move {
+                        let r = client.chat(seq, &chat, &live).await;
+                        in_flight.fetch_sub(1, Ordering::Relaxed);
+                        let _ = tx.send(r);
+                    });
+                }
+            });
+        }
+    }
+    drop(tx);
+    let mut results = Vec::new();
+    let mut ticks = Vec::new();
+    let mut max_in_flight = 0usize;
+    let tick_interval = tick_interval.max(Duration::from_millis(10));
+    let mut ticker =
+        tokio::time::interval_at(tokio::time::Instant::now() + tick_interval, tick_interval);
+    let (mut last_t, mut last_events) = (0.0_f64, 0u64);
+    let sleep = tokio::time::sleep_until(deadline);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut sleep => break,
+            Some(r) = rx.recv() => {
+                max_in_flight = max_in_flight.max(in_flight.load(Ordering::Relaxed) as usize + 1);
+                results.push(r);
+            }
+            _ = ticker.tick() => {
+                let t_s = start.elapsed().as_secs_f64();
+                let events = live.load(Ordering::Relaxed);
+                let dt = t_s - last_t;
+                let now_in_flight = in_flight.load(Ordering::Relaxed) as usize;
+                max_in_flight = max_in_flight.max(now_in_flight);
+                let tick = ClientTick {
+                    t_s,
+                    done: results.len(),
+                    in_flight: now_in_flight,
+                    events_per_s: if dt > 0.0 { (events - last_events) as f64 / dt } else { 0.0 },
+                };
+                (last_t, last_events) = (t_s, events);
+                progress.report(&ProgressEvent::SustainedTick(&tick));
+                ticks.push(tick);
+            }
+        }
+    }
+    let wall_s = start.elapsed().as_secs_f64();
+    let cancelled_at_deadline = in_flight.load(Ordering::Relaxed) as usize;
+    // Dropping the tasks drops their requests' futures: the proxy sees the clients leave.
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    while let Ok(r) = rx.try_recv() {
+        results.push(r);
+    }
+    let figures = RequestFigures::of(&results);
+    AgentsReport {
+        arrivals,
+        spec,
+        duration_s: duration.as_secs_f64(),
+        wall_s,
+        started: started_n.load(Ordering::Relaxed) as usize,
+        cancelled_at_deadline,
+        skipped: skipped_n.load(Ordering::Relaxed) as usize,
+        client_aggregate_tok_s: (wall_s > 0.0).then(|| figures.completion_tokens as f64 / wall_s),
+        figures,
+        max_in_flight,
+        ticks,
+        results,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_have_the_drawn_length_and_differ() {
+        let a = prompt_of(0, 100);
+        let b = prompt_of(1, 100);
+        assert_ne!(a, b);
+        let words = a.split_whitespace().count();
+        assert!((100..120).contains(&words), "{words}");
+    }
+}

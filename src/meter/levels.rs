@@ -1,0 +1,529 @@
+//! Level attribution: throughput per in-flight level from all the time spent at each level, not
+//! only from seconds in which the level never changed. Shared by the live meter and `analyze`.
+//!
+//! # The method
+//!
+//! * The in-flight level is a step function of time. Every change (an arrival, a departure) and
+//!   every guard boundary starts a new *segment*: a stretch of time at one level, either guarded
+//!   or clean.
+//! * Tokens are spread over the time that produced them and credited to the segments they
+//!   overlap, in proportion to the overlap: live, each streamed event's tokens over the gap since
+//!   the same request's previous event (the decode steps that made them), so bursts of events
+//!   arriving together do not favour the segment they land in; a finished request's remainder
+//!   (final usage minus what was seen) over its decode interval; a record replayed from a log
+//!   (no per-event times) over its whole decode interval `[TTFT, end]`.
+//! * **The guard.** An arrival opens a guard that lasts until the newcomer's first token: that is
+//!   the newcomer's queueing and prefill, during which the engine runs one fewer sequence than
+//!   the proxy counts and its prefill step stalls everyone's decode. A request that has passed no
+//!   token after the cap (a non-streamed one, whose tokens the proxy sees only at the end) closes
+//!   its guard then. The cap is `guard_max_ns`, or twice the longest of the last
+//!   [`RECENT_TTFTS`] first-token delays seen when that is longer: a loaded server's slow first
+//!   tokens must not let their prefill into clean time. `guard_extra_ns` (default 0) extends the guard after the first token
+//!   and opens one after each departure. Time under any guard is *guarded*; the rest is *clean*.
+//! * Per level N: clean seconds, the tokens credited to them, the aggregate rate
+//!   `clean tokens / clean seconds`, and (to measure the guard's effect) the same over all the
+//!   time at N, guarded included.
+//!
+//! A segment is final once no request can still credit tokens to it: it ended before every open
+//! request's spreading start (its previous event, or its arrival before the first one). Then its
+//! time and tokens join the per-level sums. The live history holds the segments since then (at
+//! most [`MAX_SEGMENTS`]; a remainder that would reach further back is credited to the oldest
+//! segment kept, so tokens are never lost).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+
+use serde::Serialize;
+
+use crate::clock::{UnixNanos, NANOS_PER_SEC};
+
+use super::summary::Percentiles;
+
+/// First-token delays remembered for the guard's cap.
+pub const RECENT_TTFTS: usize = 64;
+
+/// Most segments kept unfinalized; beyond that the oldest are finalized early.
+pub const MAX_SEGMENTS: usize = 200_000;
+
+/// How long guards last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuardConfig {
+    /// An arrival's guard closes at this age when no token of the newcomer has passed, ns (at
+    /// least; see the module's guard rule).
+    pub guard_max_ns: u64,
+    /// Added after the newcomer's first token, and opened after each departure, ns.
+    pub guard_extra_ns: u64,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        GuardConfig {
+            guard_max_ns: NANOS_PER_SEC,
+            guard_extra_ns: 0,
+        }
+    }
+}
+
+/// A guard opened by an arrival, closed by [`LevelAttribution::first_token`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GuardKey(u64);
+
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    start: UnixNanos,
+    end: UnixNanos,
+    level: u32,
+    guarded: bool,
+    tokens: f64,
+}
+
+/// Time and tokens at one level.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LevelSums {
+    /// Clean time, ns.
+    pub clean_ns: u64,
+    /// Tokens credited to clean time.
+    pub clean_tokens: f64,
+    /// Guarded time, ns.
+    pub guard_ns: u64,
+    /// Tokens credited to guarded time.
+    pub guard_tokens: f64,
+}
+
+/// The attribution of one scope's tokens to its in-flight levels.
+#[derive(Debug, Clone)]
+pub struct LevelAttribution {
+    cfg: GuardConfig,
+    level: u32,
+    /// Segments not yet final, oldest first; the last one is open (its `end` is the latest time seen).
+    history: VecDeque<Segment>,
+    /// Guards opened by arrivals and not yet closed.
+    open_guards: HashSet<u64>,
+    /// Arrival times of requests whose first token has not passed (their guard may be closed).
+    arrivals: HashMap<u64, UnixNanos>,
+    /// The last first-token delays, ns.
+    recent_ttft: VecDeque<u64>,
+    /// Deadlines: (when, key); key 0 is an anonymous extra guard.
+    deadlines: BinaryHeap<Reverse<(UnixNanos, u64)>>,
+    /// Anonymous extra guards running.
+    extra_guards: u32,
+    next_key: u64,
+    now: UnixNanos,
+    sums: BTreeMap<u32, LevelSums>,
+}
+
+impl LevelAttribution {
+    /// An attribution at level 0 whose time starts at `origin`.
+    pub fn new(cfg: GuardConfig, origin: UnixNanos) -> Self {
+        let mut history = VecDeque::new();
+        history.push_back(Segment {
+            start: origin,
+            end: origin,
+            level: 0,
+            guarded: false,
+            tokens: 0.0,
+        });
+        LevelAttribution {
+            cfg,
+            level: 0,
+            history,
+            open_guards: HashSet::new(),
+            arrivals: HashMap::new(),
+            recent_ttft: VecDeque::new(),
+            deadlines: BinaryHeap::new(),
+            extra_guards: 0,
+            next_key: 1,
+            now: origin,
+            sums: BTreeMap::new(),
+        }
+    }
+
+    fn guarded(&self) -> bool {
+        !self.open_guards.is_empty() || self.extra_guards > 0
+    }
+
+    /// Extends the open segment to `t` and starts a new one there with the current state.
+    fn split(&mut self, t: UnixNanos) {
+        let guarded = self.guarded();
+        let level = self.level;
+        if let Some(last) = self.history.back_mut() {
+            last.end = last.end.max(t);
+            if last.start >= t {
+                // An empty segment takes the new state instead of leaving a zero-length one.
+                last.level = level;
+                last.guarded = guarded;
+                return;
+            }
+        }
+        self.history.push_back(Segment {
+            start: t,
+            end: t,
+            level,
+            guarded,
+            tokens: 0.0,
+        });
+        if self.history.len() > MAX_SEGMENTS {
+            self.finalize_front();
+        }
+    }
+
+    /// Moves time to `now` (never backwards), closing guards whose deadline passed.
+    pub fn advance(&mut self, now: UnixNanos) {
+        while let Some(&Reverse((t, key))) = self.deadlines.peek() {
+            if t > now {
+                break;
+            }
+            self.deadlines.pop();
+            let closes = if key == 0 {
+                self.extra_guards = self.extra_guards.saturating_sub(1);
+                true
+            } else {
+                self.open_guards.remove(&key)
+            };
+            if closes {
+                let t = t.max(self.now);
+                self.now = t;
+                self.split(t);
+            }
+        }
+        if now > self.now {
+            self.now = now;
+            if let Some(last) = self.history.back_mut() {
+                last.end = last.end.max(now);
+            }
+        }
+    }
+
+    fn extra_guard(&mut self, now: UnixNanos) {
+        if self.cfg.guard_extra_ns > 0 {
+            self.extra_guards += 1;
+            self.deadlines
+                .push(Reverse((now.saturating_add(self.cfg.guard_extra_ns), 0)));
+        }
+    }
+
+    /// An arrival at `now`: the level rises and a guard opens until [`Self::first_token`].
+    pub fn arrive(&mut self, now: UnixNanos) -> GuardKey {
+        self.advance(now);
+        let key = self.next_key;
+        self.next_key += 1;
+        self.level += 1;
+        self.open_guards.insert(key);
+        self.arrivals.insert(key, now);
+        let longest = self.recent_ttft.iter().max().copied().unwrap_or(0);
+        let cap = self.cfg.guard_max_ns.max(longest.saturating_mul(2));
+        self.deadlines.push(Reverse((now.saturating_add(cap), key)));
+        self.split(self.now);
+        GuardKey(key)
+    }
+
+    /// The newcomer of `key` passed its first token at `now`: its guard closes (plus the extra).
+    pub fn first_token(&mut self, now: UnixNanos, key: GuardKey) {
+        self.advance(now);
+        if let Some(arrival) = self.arrivals.remove(&key.0) {
+            if self.recent_ttft.len() == RECENT_TTFTS {
+                self.recent_ttft.pop_front();
+            }
+            self.recent_ttft.push_back(now.saturating_sub(arrival));
+        }
+        if self.open_guards.remove(&key.0) {
+            self.extra_guard(self.now);
+            self.split(self.now);
+        }
+    }
+
+    /// A departure at `now` of the request of `key`: the level drops (its guard, if still open,
+    /// closes).
+    pub fn depart(&mut self, now: UnixNanos, key: GuardKey) {
+        self.advance(now);
+        self.open_guards.remove(&key.0);
+        self.arrivals.remove(&key.0);
+        self.level = self.level.saturating_sub(1);
+        self.extra_guard(self.now);
+        self.split(self.now);
+    }
+
+    /// Credits `amount` tokens produced over `[from, to]` to the segments it overlaps (`to` at
+    /// most the latest time seen). A zero-length interval credits the segment holding `to`.
+    pub fn tokens(&mut self, from: UnixNanos, to: UnixNanos, amount: f64) {
+        if amount == 0.0 || !amount.is_finite() || self.history.is_empty() {
+            return;
+        }
+        let oldest = self.history.front().map_or(0, |s| s.start);
+        let to = to.min(self.now).max(oldest);
+        let from = from.clamp(oldest, to);
+        if to == from {
+            let idx = self
+                .history
+                .iter()
+                .rposition(|s| s.start <= to)
+                .unwrap_or(0);
+            self.history[idx].tokens += amount;
+            return;
+        }
+        let len = (to - from) as f64;
+        for s in self.history.iter_mut().rev() {
+            if s.end <= from {
+                break;
+            }
+            let a = s.start.max(from);
+            let b = s.end.min(to);
+            if b > a {
+                s.tokens += amount * (b - a) as f64 / len;
+            }
+        }
+    }
+
+    fn finalize_front(&mut self) {
+        if let Some(s) = self.history.pop_front() {
+            if s.level > 0 {
+                let e = self.sums.entry(s.level).or_default();
+                let ns = s.end.saturating_sub(s.start);
+                if s.guarded {
+                    e.guard_ns += ns;
+                    e.guard_tokens += s.tokens;
+                } else {
+                    e.clean_ns += ns;
+                    e.clean_tokens += s.tokens;
+                }
+            }
+        }
+    }
+
+    /// Finalizes every segment that ended at or before `before` (no request can still credit
+    /// tokens to it); the open segment is never finalized.
+    pub fn finalize_before(&mut self, before: UnixNanos) {
+        while self.history.len() > 1 && self.history.front().is_some_and(|s| s.end <= before) {
+            self.finalize_front();
+        }
+    }
+
+    /// The current level.
+    pub fn level(&self) -> u32 {
+        self.level
+    }
+
+    /// The final per-level sums, by level.
+    pub fn sums(&self) -> &BTreeMap<u32, LevelSums> {
+        &self.sums
+    }
+}
+
+/// Per-request figures of one level that come from finished requests rather than from time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RequestFiguresAt {
+    /// Lowest `tok_s` of a request whose mean in-flight level rounds to N.
+    pub tok_s_min: Option<f64>,
+    /// Highest such `tok_s`.
+    pub tok_s_max: Option<f64>,
+    /// TTFT of requests that arrived at N, cold starts excluded.
+    pub ttft_ms: Percentiles,
+}
+
+/// Per-request throughput of a production row.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ProductionPerRequest {
+    /// Lowest `tok_s` of a request of this level (mean in-flight over its life rounds to N).
+    pub min: Option<f64>,
+    /// `gen_tok_s / N`; `null` when the row is thin.
+    pub avg: Option<f64>,
+    /// Highest `tok_s` of a request of this level.
+    pub max: Option<f64>,
+}
+
+/// One row of the production-traffic curve: everything measured over all the clean time at N.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProductionRow {
+    /// The level N.
+    pub in_flight: u32,
+    /// Clean seconds at N: the time base of the figures.
+    pub seconds: f64,
+    /// Seconds at N excluded by guards.
+    pub guard_s: f64,
+    /// `seconds` is below the minimum (`capacity_min_s`): the rates are `null`.
+    pub thin: bool,
+    /// Tokens credited to the clean seconds.
+    pub tokens: f64,
+    /// Aggregate generation rate, `tokens / seconds`; `null` when thin.
+    pub gen_tok_s: Option<f64>,
+    /// The same over all the time at N, guarded included (shows what the guard removes); `null`
+    /// when thin.
+    pub gen_tok_s_unguarded: Option<f64>,
+    /// Per-request throughput at N.
+    pub per_request_tok_s: ProductionPerRequest,
+    /// TTFT percentiles of requests that arrived at N, cold starts excluded.
+    pub ttft_ms: Percentiles,
+    /// `gen_tok_s / gen_tok_s at N = 1`; `null` without a non-thin N = 1 row.
+    pub scaling: Option<f64>,
+    /// `gen_tok_s / gen_tok_s of the previous non-thin row - 1`; `null` for the first one.
+    pub marginal_gain: Option<f64>,
+}
+
+/// The production rows of `sums`, levels with less than `min_s` clean seconds marked thin;
+/// `requests(N)` supplies the per-request figures of level N.
+pub fn production_rows(
+    sums: &BTreeMap<u32, LevelSums>,
+    min_s: f64,
+    requests: impl Fn(u32) -> RequestFiguresAt,
+) -> Vec<ProductionRow> {
+    let secs = |ns: u64| ns as f64 / NANOS_PER_SEC as f64;
+    let mut rows: Vec<ProductionRow> = sums
+        .iter()
+        .filter(|(_, s)| s.clean_ns + s.guard_ns > 0)
+        .map(|(&n, s)| {
+            let seconds = secs(s.clean_ns);
+            let thin = seconds < min_s || seconds <= 0.0;
+            let all_s = secs(s.clean_ns + s.guard_ns);
+            let gen = (!thin).then(|| s.clean_tokens / seconds);
+            let rq = requests(n);
+            ProductionRow {
+                in_flight: n,
+                seconds,
+                guard_s: secs(s.guard_ns),
+                thin,
+                tokens: s.clean_tokens,
+                gen_tok_s: gen,
+                gen_tok_s_unguarded: (!thin && all_s > 0.0)
+                    .then(|| (s.clean_tokens + s.guard_tokens) / all_s),
+                per_request_tok_s: ProductionPerRequest {
+                    min: rq.tok_s_min,
+                    avg: gen.map(|g| g / n as f64),
+                    max: rq.tok_s_max,
+                },
+                ttft_ms: rq.ttft_ms,
+                scaling: None,
+                marginal_gain: None,
+            }
+        })
+        .collect();
+    let base = rows
+        .iter()
+        .find(|r| r.in_flight == 1)
+        .and_then(|r| r.gen_tok_s)
+        .filter(|g| *g > 0.0);
+    let mut prev: Option<f64> = None;
+    for r in rows.iter_mut() {
+        let Some(g) = r.gen_tok_s else { continue };
+        r.scaling = base.map(|b| g / b);
+        r.marginal_gain = prev.filter(|p| *p > 0.0).map(|p| g / p - 1.0);
+        prev = Some(g);
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = NANOS_PER_SEC;
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn clean_time_and_guard_are_split_at_the_first_token() {
+        let mut a = LevelAttribution::new(GuardConfig::default(), 0);
+        let k1 = a.arrive(0);
+        a.first_token(100 * MS, k1);
+        // 10 tokens per second, spread over the gaps that produced them.
+        for i in 1..=20u64 {
+            let t = 100 * MS + i * 100 * MS;
+            a.tokens(t - 100 * MS, t, 1.0);
+        }
+        a.depart(2100 * MS, k1);
+        a.advance(3 * S);
+        a.finalize_before(3 * S);
+        let s = a.sums()[&1];
+        assert_eq!(s.guard_ns, 100 * MS);
+        assert_eq!(s.clean_ns, 2000 * MS);
+        assert!((s.clean_tokens - 20.0).abs() < 1e-9);
+        assert_eq!(s.guard_tokens, 0.0);
+    }
+
+    #[test]
+    fn spread_tokens_follow_the_level_they_were_made_at() {
+        let mut a = LevelAttribution::new(GuardConfig::default(), 0);
+        let k1 = a.arrive(0);
+        a.first_token(0, k1);
+        let k2 = a.arrive(S);
+        a.first_token(S, k2);
+        a.advance(2 * S);
+        // Request 1's tokens over [0, 2 s]: half at level 1, half at level 2.
+        a.tokens(0, 2 * S, 10.0);
+        a.depart(2 * S, k1);
+        a.depart(2 * S, k2);
+        a.finalize_before(2 * S);
+        assert!((a.sums()[&1].clean_tokens - 5.0).abs() < 1e-9);
+        assert!((a.sums()[&2].clean_tokens - 5.0).abs() < 1e-9);
+        assert_eq!(a.sums()[&2].clean_ns, S);
+    }
+
+    #[test]
+    fn a_request_without_tokens_closes_its_guard_at_the_cap() {
+        let cfg = GuardConfig {
+            guard_max_ns: 300 * MS,
+            guard_extra_ns: 50 * MS,
+        };
+        let mut a = LevelAttribution::new(cfg, 0);
+        let k = a.arrive(0);
+        a.advance(S);
+        a.depart(S, k);
+        a.advance(2 * S);
+        a.finalize_before(2 * S);
+        let s = a.sums()[&1];
+        assert_eq!(s.guard_ns, 300 * MS);
+        assert_eq!(s.clean_ns, 700 * MS);
+    }
+
+    #[test]
+    fn the_cap_follows_slow_first_tokens() {
+        let mut a = LevelAttribution::new(GuardConfig::default(), 0);
+        let k = a.arrive(0);
+        a.first_token(1500 * MS, k);
+        a.depart(2 * S, k);
+        // The first guard closed at the 1 s cap; the next request passes no token, and its guard
+        // lasts twice the 1.5 s first-token delay seen.
+        let k = a.arrive(10 * S);
+        a.advance(20 * S);
+        a.depart(20 * S, k);
+        a.advance(21 * S);
+        a.finalize_before(21 * S);
+        assert_eq!(a.sums()[&1].guard_ns, S + 3 * S);
+    }
+
+    #[test]
+    fn thin_rows_carry_no_rate() {
+        let mut sums = BTreeMap::new();
+        sums.insert(
+            1,
+            LevelSums {
+                clean_ns: 30 * S,
+                clean_tokens: 2100.0,
+                guard_ns: S,
+                guard_tokens: 10.0,
+            },
+        );
+        sums.insert(
+            2,
+            LevelSums {
+                clean_ns: 2 * S,
+                clean_tokens: 240.0,
+                ..Default::default()
+            },
+        );
+        let none = |_| RequestFiguresAt {
+            tok_s_min: None,
+            tok_s_max: None,
+            ttft_ms: Percentiles {
+                p50: None,
+                p90: None,
+                p99: None,
+            },
+        };
+        let rows = production_rows(&sums, 10.0, none);
+        assert_eq!(rows[0].gen_tok_s, Some(70.0));
+        assert_eq!(rows[0].scaling, Some(1.0));
+        assert!((rows[0].gen_tok_s_unguarded.unwrap() - 2110.0 / 31.0).abs() < 1e-9);
+        assert!(rows[1].thin);
+        assert_eq!(rows[1].gen_tok_s, None);
+        assert_eq!(rows[1].per_request_tok_s.avg, None);
+    }
+}
