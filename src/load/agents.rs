@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::{rngs::SmallRng, Rng, SeedableRng};
-use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -16,89 +15,11 @@ use super::client::{ChatSpec, HttpClient};
 use super::dist::Dist;
 use super::progress::{Progress, ProgressEvent};
 use super::prompts::prompt_for;
-use super::report::{ClientTick, RequestFigures};
+use super::report::{AgentSpec, AgentsReport, Arrivals, ClientTick, RequestFigures};
 use super::result::RequestResult;
 
 /// Upper bound on requests started in one run.
 const MAX_STARTED: usize = 10_000_000;
-
-/// How requests arrive.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Arrivals {
-    /// N agents, each: think, send one request, wait for its answer, repeat.
-    Agents {
-        /// Number of agents.
-        agents: usize,
-    },
-    /// Open loop: arrivals at exponential gaps (a Poisson process), whatever is in flight.
-    Poisson {
-        /// Mean arrivals per second.
-        rate_per_s: f64,
-        /// Arrivals while this many are in flight are skipped (and counted).
-        max_in_flight: usize,
-    },
-}
-
-/// The shape of agent-like traffic.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct AgentSpec {
-    /// Think time between an answer and the agent's next request, ms (agents only).
-    pub think_ms: Dist,
-    /// Words in each prompt (about 1.3 tokens per word for most tokenizers).
-    pub prompt_words: Dist,
-    /// `max_tokens` of each request.
-    pub output_tokens: Dist,
-    /// Share of requests that stream (the rest ask for one JSON answer).
-    pub stream_share: f64,
-    /// Seed of every draw, so a run can be repeated.
-    pub seed: u64,
-}
-
-impl Default for AgentSpec {
-    fn default() -> Self {
-        AgentSpec {
-            think_ms: Dist::Uniform {
-                min: 200,
-                max: 3000,
-            },
-            prompt_words: Dist::Uniform { min: 10, max: 2000 },
-            output_tokens: Dist::Uniform { min: 20, max: 300 },
-            stream_share: 1.0,
-            seed: 1,
-        }
-    }
-}
-
-/// An agent-like run.
-#[derive(Debug, Clone, Serialize)]
-pub struct AgentsReport {
-    /// How requests arrived.
-    pub arrivals: Arrivals,
-    /// The traffic's shape.
-    pub spec: AgentSpec,
-    /// Requested duration, seconds.
-    pub duration_s: f64,
-    /// Seconds from the start to the cancellation of the requests still in flight.
-    pub wall_s: f64,
-    /// Requests started.
-    pub started: usize,
-    /// Requests in flight at the deadline, cancelled and left out of the figures.
-    pub cancelled_at_deadline: usize,
-    /// Poisson arrivals skipped because `max_in_flight` were in flight.
-    pub skipped: usize,
-    /// Figures over requests that finished before the deadline.
-    #[serde(flatten)]
-    pub figures: RequestFigures,
-    /// `completion_tokens / wall_s` over requests completed ok before the deadline.
-    pub client_aggregate_tok_s: Option<f64>,
-    /// Most requests in flight at once, as the client saw it.
-    pub max_in_flight: usize,
-    /// Client-side samples, one per progress interval.
-    pub ticks: Vec<ClientTick>,
-    /// Every finished request, in finishing order.
-    pub results: Vec<RequestResult>,
-}
 
 /// A prompt of about `words` words, distinct per `seq`.
 pub fn prompt_of(seq: usize, words: u64) -> String {

@@ -49,11 +49,11 @@ pub mod table;
 
 use std::time::{Duration, Instant};
 
-pub use agents::{AgentSpec, AgentsReport, Arrivals};
 pub use api::Api;
 pub use client::{ChatSpec, HttpClient};
 pub use dist::Dist;
 pub use progress::{NoProgress, Progress, ProgressEvent, StderrProgress};
+pub use report::{AgentSpec, AgentsReport, Arrivals};
 pub use report::{BurstReport, LevelReport, LoadReport, SustainedReport};
 pub use result::{RequestResult, TokensFrom};
 

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::agents::{AgentsReport, Arrivals};
+use super::report::{AgentsReport, Arrivals};
 use super::report::{BurstReport, LoadReport, RequestFigures, SustainedReport};
 use super::stats::ProxyReport;
 use super::summary::MinAvgMax;
