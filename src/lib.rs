@@ -9,6 +9,7 @@ pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod fleet;
 pub mod load;
 pub mod meter;
 pub mod openai;

@@ -99,6 +99,10 @@ pub struct RequestRecord {
     pub ts_ns: UnixNanos,
     /// The proxy's id for this request.
     pub request_id: String,
+    /// Name of the upstream replica that answered (the last one tried); `null` when the request
+    /// never reached one (rejected by the proxy first). Absent in lines written before it.
+    #[serde(default)]
+    pub upstream: Option<String>,
     /// Who sent it.
     pub user: String,
     /// How `user` was found.

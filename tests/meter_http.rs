@@ -39,6 +39,7 @@ async fn serve(
     access_log: Arc<AccessLogCounters>,
 ) -> std::net::SocketAddr {
     let ctx = StatsContext {
+        fleet: None,
         scrape: None,
         upstream: "http://127.0.0.1:8000".into(),
         bearer_token: token.map(String::from),

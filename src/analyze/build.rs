@@ -109,6 +109,7 @@ pub fn build(
         users,
         cold_starts,
         crosscheck,
+        upstreams: Vec::new(),
     }
 }
 

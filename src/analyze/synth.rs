@@ -27,6 +27,7 @@ pub fn record(
         ts: format_rfc3339_micros(start),
         ts_ns: start,
         request_id: format!("req-{start}"),
+        upstream: None,
         user: user.into(),
         user_source: UserSource::Header,
         model: Some("tiny-llama".into()),

@@ -204,6 +204,15 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
         "Capacity (steady seconds only)".into(),
         grid(&CAPACITY_HEADERS, &capacity_rows(&r.capacity)),
     ));
+    for u in &r.upstreams {
+        out.push((
+            format!(
+                "Capacity of upstream {} ({} requests; N is its own in-flight level)",
+                u.upstream, u.requests
+            ),
+            grid(&CAPACITY_HEADERS, &capacity_rows(&u.capacity)),
+        ));
+    }
     let knee = r.saturation.knee.as_ref();
     let sat: Vec<Vec<String>> = r
         .saturation

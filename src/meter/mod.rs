@@ -24,6 +24,6 @@ pub mod window;
 
 pub use config::MeterConfig;
 pub use engine::Meter;
-pub use http::{stats_router, StatsContext};
+pub use http::{stats_router, FleetStats, StatsContext};
 pub use live::{spawn_meter, MeterHandle};
 pub use snapshot::{SnapshotError, SnapshotQuery, StatsSnapshot};

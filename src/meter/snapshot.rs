@@ -126,4 +126,26 @@ pub struct StatsSnapshot {
     /// The scraper of the upstream's `/metrics` (filled by the caller); `null` when scraping
     /// is off.
     pub server_scrape: Option<crate::scrape::ScrapeStatus>,
+    /// One entry per upstream replica, in configured order (filled by the caller).
+    pub upstreams: Vec<UpstreamView>,
+}
+
+/// One upstream replica's part of `/stats`: how the balancer sees it, and its own windows,
+/// capacity curve and cross-check (with a single upstream, the aggregate's).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UpstreamView {
+    /// Routing state and counters.
+    #[serde(flatten)]
+    pub routing: crate::fleet::RoutingView,
+    /// Generation requests in flight at this replica, as its meter counts them (from the
+    /// response head on).
+    pub in_flight: u32,
+    /// Counts since start of requests answered by this replica.
+    pub totals: Totals,
+    /// Its windows (with `server` from its own `/metrics` when scraped).
+    pub windows: Windows,
+    /// Its capacity curve.
+    pub capacity: Vec<CapacityRow>,
+    /// Its `/metrics` scraper; `null` when scraping is off.
+    pub server_scrape: Option<crate::scrape::ScrapeStatus>,
 }

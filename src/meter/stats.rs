@@ -86,6 +86,7 @@ impl Meter {
             capacity: self.capacity.rows(),
             access_log: AccessLogView::default(),
             server_scrape: None,
+            upstreams: Vec::new(),
         })
     }
 }

@@ -11,8 +11,10 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 
+use crate::clock::Clock;
 use crate::config::ServeConfig;
 use crate::error::ProxyError;
+use crate::fleet::{Load, Upstreams};
 use crate::proxy::body::{MeteredBody, Reading};
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity::{self, Clues};
@@ -26,10 +28,8 @@ use crate::sse::SseScanner;
 pub struct ProxyState {
     /// Settings.
     pub config: ServeConfig,
-    /// `http://host:port[/base]` of the upstream, without a trailing slash.
-    pub upstream_base: String,
-    /// The upstream's authority, sent as `Host`.
-    pub upstream_host: HeaderValue,
+    /// The upstream replicas and the balancer's state.
+    pub upstreams: Arc<Upstreams>,
     /// Pooled keep-alive connections to the upstream.
     pub client: Client<HttpConnector, Full<Bytes>>,
     /// Measurement state shared by all requests.
@@ -125,18 +125,20 @@ async fn forward(
             }
         }
     }
+    let model = meta.model.clone();
     tracker.admit(meta);
 
-    let uri = match upstream_uri(state, &fwd_path, parts.uri.query()) {
-        Ok(u) => u,
-        Err(_) => {
-            return reject(
-                tracker,
-                ProxyError::bad_request("The request path is not valid."),
-                "invalid path",
-            )
-        }
+    let path_and_query = match parts.uri.query() {
+        Some(q) => format!("{fwd_path}?{q}"),
+        None => fwd_path.clone(),
     };
+    if upstream_uri(&state.upstreams.list()[0].base, &path_and_query).is_err() {
+        return reject(
+            tracker,
+            ProxyError::bad_request("The request path is not valid."),
+            "invalid path",
+        );
+    }
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT);
@@ -144,33 +146,85 @@ async fn forward(
     if let Ok(name) = http::HeaderName::from_bytes(cfg.users.header.as_bytes()) {
         headers.remove(name);
     }
-    headers.insert(header::HOST, state.upstream_host.clone());
     if let Some(key) = &cfg.users.upstream_api_key {
         if let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", key.0)) {
             headers.insert(header::AUTHORIZATION, v);
         }
     }
-    let mut up = Request::new(Full::new(upstream_body));
-    *up.method_mut() = parts.method;
-    *up.uri_mut() = uri;
-    *up.headers_mut() = std::mem::take(&mut parts.headers);
-
+    let ups = &state.upstreams;
+    let several = ups.list().len() > 1;
+    let mut load = ups.pick(model.as_deref(), None, Clock::global().now());
+    let mut retried = false;
     let headers_timeout = std::time::Duration::from_millis(cfg.timeouts.upstream_headers_ms);
-    let resp = match tokio::time::timeout(headers_timeout, state.client.request(up)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            let (err, outcome, why) = classify_client_error(&e);
-            return respond_error(tracker, err, outcome, why);
-        }
-        Err(_) => {
+    let resp = loop {
+        let Some(l) = load.take() else {
+            // Only reachable on a retry with no healthy replica left; the first pick always
+            // finds one (there is at least one upstream).
             return respond_error(
                 tracker,
-                ProxyError::gateway_timeout("no response headers"),
-                Outcome::Timeout,
-                "upstream response headers timeout",
-            )
+                ProxyError::bad_gateway("no upstream available"),
+                Outcome::ProxyError,
+                "no upstream available",
+            );
+        };
+        let index = l.index;
+        let uri = match upstream_uri(&l.upstream.base, &path_and_query) {
+            Ok(u) => u,
+            Err(_) => {
+                return reject(
+                    tracker,
+                    ProxyError::bad_request("The request path is not valid."),
+                    "invalid path",
+                )
+            }
+        };
+        let mut up = Request::new(Full::new(upstream_body.clone()));
+        *up.method_mut() = parts.method.clone();
+        *up.uri_mut() = uri;
+        // A retry needs the headers again; with one replica there is no retry to keep them for.
+        *up.headers_mut() = if several && !retried {
+            parts.headers.clone()
+        } else {
+            std::mem::take(&mut parts.headers)
+        };
+        up.headers_mut()
+            .insert(header::HOST, l.upstream.host.clone());
+        tracker.route(l);
+        match tokio::time::timeout(headers_timeout, state.client.request(up)).await {
+            Ok(Ok(r)) if r.status().is_server_error() => {
+                load = failed_attempt(ups, index, model.as_deref(), &mut retried);
+                if load.is_some() {
+                    continue;
+                }
+                break r;
+            }
+            Ok(Ok(r)) => {
+                ups.succeeded(index);
+                break r;
+            }
+            Ok(Err(e)) => {
+                let (err, outcome, why) = classify_client_error(&e);
+                load = failed_attempt(ups, index, model.as_deref(), &mut retried);
+                if load.is_some() {
+                    continue;
+                }
+                tracker.commit_upstream(Instant::now());
+                return respond_error(tracker, err, outcome, why);
+            }
+            Err(_) => {
+                // A slow head is not a failing replica (a long non-streamed generation sends
+                // its head at the end): no ejection, no retry.
+                tracker.commit_upstream(Instant::now());
+                return respond_error(
+                    tracker,
+                    ProxyError::gateway_timeout("no response headers"),
+                    Outcome::Timeout,
+                    "upstream response headers timeout",
+                );
+            }
         }
     };
+    tracker.commit_upstream(Instant::now());
 
     let (mut rparts, rbody) = resp.into_parts();
     strip_hop_by_hop(&mut rparts.headers);
@@ -204,22 +258,38 @@ async fn forward(
     )
 }
 
+/// Records a failed attempt on replica `index` (refused, lost before the head, or 5xx: nothing
+/// reached the client) and, for a first attempt, picks another replica to retry on.
+fn failed_attempt(
+    ups: &Upstreams,
+    index: usize,
+    model: Option<&str>,
+    retried: &mut bool,
+) -> Option<Load> {
+    let now = Clock::global().now();
+    ups.failed(index, now);
+    if *retried || ups.list().len() < 2 {
+        return None;
+    }
+    let next = ups.pick(model, Some(index), now)?;
+    ups.list()[index]
+        .counters
+        .retried_away
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    *retried = true;
+    Some(next)
+}
+
 fn content_type_starts(h: &http::HeaderMap, prefix: &str) -> bool {
     h.get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(prefix))
 }
 
-fn upstream_uri(state: &ProxyState, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
-    let mut s = String::with_capacity(
-        state.upstream_base.len() + path.len() + query.map_or(0, |q| q.len() + 1),
-    );
-    s.push_str(&state.upstream_base);
-    s.push_str(path);
-    if let Some(q) = query {
-        s.push('?');
-        s.push_str(q);
-    }
+fn upstream_uri(base: &str, path_and_query: &str) -> Result<Uri, http::Error> {
+    let mut s = String::with_capacity(base.len() + path_and_query.len());
+    s.push_str(base);
+    s.push_str(path_and_query);
     Ok(Uri::try_from(s)?)
 }
 

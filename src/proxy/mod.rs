@@ -34,7 +34,8 @@ pub use tracker::{InFlight, Observer, RequestMeta, Tracker, TrackerShared};
 use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
 use crate::clock::{Clock, UnixNanos};
 use crate::config::{ServeArgs, ServeConfig};
-use crate::meter::{spawn_meter, stats_router, MeterHandle, StatsContext};
+use crate::fleet::Upstreams;
+use crate::meter::{spawn_meter, stats_router, FleetStats, MeterHandle, StatsContext};
 use crate::record::RequestRecord;
 use crate::scrape::{spawn_scraper, ScrapeConfig, ScrapeCounters};
 
@@ -176,37 +177,60 @@ pub async fn spawn(
     }
     let meter = spawn_meter(config.meter.clone());
     observers.push(Arc::new(meter.clone()));
+    let resolved = config.resolved_upstreams()?;
+    let upstreams = Arc::new(Upstreams::new(&resolved, &config.routing)?);
+    // With one replica the aggregate meter is that replica's; with several each gets a meter of
+    // its own (windows, capacity curve, cross-check) beside the aggregate.
+    let several = resolved.len() > 1;
+    let upstream_meters: Vec<MeterHandle> = if several {
+        resolved
+            .iter()
+            .map(|_| spawn_meter(config.meter.clone()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut background = Vec::new();
     let mut scrape = None;
-    let mut scraper = None;
-    if let Some(url) = config.metrics_uri()? {
+    let mut per_upstream_scrape = Vec::new();
+    for (i, u) in resolved.iter().enumerate() {
+        let Some(url) = u.metrics.clone() else {
+            per_upstream_scrape.push(None);
+            continue;
+        };
         let cfg = ScrapeConfig::new(url, config.metrics_scrape_interval_s);
         let c = Arc::new(ScrapeCounters::default());
-        meter.enable_server_crosscheck(config.disagreement_threshold_pct);
-        scraper = Some(spawn_scraper(
-            cfg.clone(),
-            meter.clone(),
-            log_sink,
-            c.clone(),
+        let target = upstream_meters.get(i).unwrap_or(&meter).clone();
+        target.enable_server_crosscheck(config.disagreement_threshold_pct);
+        // Samples of several replicas in one log would mix in `analyze`'s cross-check.
+        let sink = if several { None } else { log_sink.clone() };
+        background.push(spawn_scraper(cfg.clone(), target, sink, c.clone()));
+        if !several {
+            scrape = Some((cfg.clone(), c.clone()));
+        }
+        per_upstream_scrape.push(Some((cfg, c)));
+    }
+    if config.routing.models_refresh_s > 0.0 {
+        background.push(crate::fleet::models::spawn_model_refresh(
+            upstreams.clone(),
+            Duration::from_secs_f64(config.routing.models_refresh_s),
         ));
-        scrape = Some((cfg, c));
     }
     let stats = stats_router(
         meter.clone(),
         StatsContext {
-            upstream: config.upstream.clone(),
+            upstream: config.upstream_label(),
             bearer_token: config.stats_token.as_ref().map(|s| s.0.clone()),
             access_log: counters.clone(),
             started: Clock::global().now(),
             scrape,
+            fleet: Some(FleetStats {
+                upstreams: upstreams.clone(),
+                meters: upstream_meters.clone(),
+                scrape: per_upstream_scrape,
+            }),
         },
     );
-    let upstream = config.upstream_uri()?;
-    let authority = upstream
-        .authority()
-        .context("upstream has no host")?
-        .clone();
-    let base_path = upstream.path().trim_end_matches('/');
-    let upstream_base = format!("http://{authority}{base_path}");
     let mut admin_addr = None;
     let mut admin_stop = None;
     let mut main_stats = Some(stats.clone());
@@ -219,13 +243,17 @@ pub async fn spawn(
         main_stats = None;
         admin_stop = Some(serve_stats_on_own_thread(admin, router)?);
     }
-    let trackers = Arc::new(TrackerShared::new(
+    let mut trackers = TrackerShared::new(
         observers,
         Duration::from_secs(config.meter.cold_start_idle_s),
-    ));
+    );
+    trackers.per_upstream = upstream_meters
+        .into_iter()
+        .map(|m| Arc::new(m) as Arc<dyn Observer>)
+        .collect();
+    let trackers = Arc::new(trackers);
     let state = Arc::new(ProxyState {
-        upstream_host: http::HeaderValue::from_str(authority.as_str())?,
-        upstream_base,
+        upstreams,
         client: upstream_client(&config),
         trackers,
         stats: main_stats,
@@ -244,7 +272,7 @@ pub async fn spawn(
         serving,
         state.clone(),
         log.clone(),
-        scraper,
+        background,
     ));
     Ok(ProxyHandle {
         addr,
@@ -339,8 +367,7 @@ fn serve_on_own_thread(
                     Arc::new(ProxyState {
                         client: upstream_client(&shared.config),
                         config: shared.config.clone(),
-                        upstream_base: shared.upstream_base.clone(),
-                        upstream_host: shared.upstream_host.clone(),
+                        upstreams: shared.upstreams.clone(),
                         trackers: shared.trackers.clone(),
                         stats: shared.stats.clone(),
                     })
@@ -416,7 +443,7 @@ async fn accept_loop(
     serving: Vec<ServingThread>,
     state: Arc<ProxyState>,
     log: Option<Arc<AccessLogWriter>>,
-    scraper: Option<tokio::task::JoinHandle<()>>,
+    background: Vec<tokio::task::JoinHandle<()>>,
 ) {
     let mut next = 0usize;
     loop {
@@ -441,8 +468,8 @@ async fn accept_loop(
     }
     drop(listener);
     // No more samples once shutdown starts: the log is about to close.
-    if let Some(s) = scraper {
-        s.abort();
+    for task in background {
+        task.abort();
     }
     tracing::info!(
         in_flight = state.trackers.in_flight.current(),
@@ -467,7 +494,7 @@ pub async fn run_cli(args: ServeArgs) -> anyhow::Result<()> {
         println!("config ok\n{config:#?}");
         return Ok(());
     }
-    let upstream = config.upstream.clone();
+    let upstream = config.upstream_label();
     let handle = spawn(config, Vec::new()).await?;
     tracing::info!(upstream = %upstream, "listening on {}", handle.addr());
     if let Some(a) = handle.admin_addr() {
