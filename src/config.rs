@@ -78,6 +78,10 @@ pub struct ServeConfig {
     pub metrics_scrape_interval_s: f64,
     /// A window's `server.disagreement` is true beyond this |proxy − server| / server, percent.
     pub disagreement_threshold_pct: f64,
+    /// OTLP/HTTP receiver (`http://host:port[/base]`) for the GenAI metrics; unset = no export.
+    pub otlp_endpoint: Option<String>,
+    /// Milliseconds between two OTLP exports.
+    pub otlp_export_interval_ms: u64,
 }
 
 impl Default for ServeConfig {
@@ -105,6 +109,8 @@ impl Default for ServeConfig {
             upstream_metrics_url: None,
             metrics_scrape_interval_s: 10.0,
             disagreement_threshold_pct: 5.0,
+            otlp_endpoint: None,
+            otlp_export_interval_ms: 10_000,
         }
     }
 }
@@ -268,6 +274,17 @@ impl ServeConfig {
         let r = &self.routing;
         if !(r.models_refresh_s == 0.0 || (0.1..=86_400.0).contains(&r.models_refresh_s)) {
             bail!("routing.models_refresh_s: must be 0 or between 0.1 and 86400");
+        }
+        if let Some(e) = self.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
+            let uri: http::Uri = e
+                .parse()
+                .with_context(|| format!("otlp_endpoint: `{e}` is not a URL"))?;
+            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+                bail!("otlp_endpoint: `{e}` must be http://host:port[/base]");
+            }
+        }
+        if !(100..=3_600_000).contains(&self.otlp_export_interval_ms) {
+            bail!("otlp_export_interval_ms: must be between 100 and 3600000");
         }
         if r.eject_base_ms == 0 || r.eject_max_ms < r.eject_base_ms {
             bail!("routing: eject_base_ms must be positive and at most eject_max_ms");

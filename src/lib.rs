@@ -13,6 +13,7 @@ pub mod fleet;
 pub mod load;
 pub mod meter;
 pub mod openai;
+pub mod otlp;
 pub mod proxy;
 pub mod record;
 pub mod scrape;

@@ -324,3 +324,72 @@ async fn two_replicas_balance_measure_and_survive_a_stop() {
     fast.shutdown().await;
     slow.shutdown().await;
 }
+
+/// A replica that answers every request with 503 and closes.
+async fn failing_replica() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut c, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let _ = c.read(&mut buf).await;
+                let body = r#"{"error":{"message":"overloaded","type":"server_error"}}"#;
+                let resp = format!("HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+                let _ = c.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_replica_is_ejected_and_its_requests_retried_once_elsewhere() {
+    let good = sim(12.2, 2.1).await;
+    let (bad, bad_task) = failing_replica().await;
+    let proxy = TestProxy::start("http://127.0.0.1:1", |c| {
+        c.routing.models_refresh_s = 0.0;
+        c.routing.eject_base_ms = 200;
+        c.upstreams = vec![
+            UpstreamConfig {
+                name: "bad".into(),
+                url: format!("http://{bad}"),
+                metrics_url: None,
+            },
+            UpstreamConfig {
+                name: "good".into(),
+                url: format!("http://{}", good.addr()),
+                metrics_url: None,
+            },
+        ];
+    })
+    .await;
+    for round in 0..6 {
+        let (_tx, rx) = watch::channel(false);
+        let seen = stream(proxy.addr, chat(4, &format!("u{round}")), rx).await;
+        assert!(seen.status_ok && seen.done, "round {round}: {seen:?}");
+        // Past the ejection now and then, so the bad replica is tried (and fails) again.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let s = stats(proxy.addr).await;
+    let bad_view = &s["upstreams"][0];
+    let failures = bad_view["failures"].as_u64().unwrap();
+    // The first pick of a fresh proxy is the first replica (equal loads, round-robin from 0).
+    assert!(failures >= 1, "{bad_view}");
+    assert_eq!(bad_view["retried_away"].as_u64().unwrap(), failures);
+    assert_eq!(bad_view["failures_in_row"].as_u64().unwrap(), failures);
+    let lines = proxy.finish().await;
+    assert_eq!(lines.len(), 6);
+    for l in &lines {
+        assert_eq!(
+            (&l["upstream"], &l["outcome"]),
+            (&"good".into(), &"ok".into()),
+            "{l}"
+        );
+    }
+    bad_task.abort();
+    good.shutdown().await;
+}

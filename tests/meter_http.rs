@@ -40,6 +40,7 @@ async fn serve(
 ) -> std::net::SocketAddr {
     let ctx = StatsContext {
         fleet: None,
+        otlp: None,
         scrape: None,
         upstream: "http://127.0.0.1:8000".into(),
         bearer_token: token.map(String::from),

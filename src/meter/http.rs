@@ -36,6 +36,8 @@ pub struct StatsContext {
     /// The upstream replicas, for the per-upstream entries and metrics; `None` leaves
     /// `upstreams` empty.
     pub fleet: Option<FleetStats>,
+    /// The OTLP exporter's counters, when export is on.
+    pub otlp: Option<Arc<crate::otlp::OtlpCounters>>,
 }
 
 /// What the per-upstream part of `/stats` reads.
@@ -243,6 +245,9 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     let mut text = state.handle.prometheus(now).await;
     if let Some(fleet) = &state.ctx.fleet {
         crate::fleet::render_prometheus(&mut text, &fleet.upstreams, now);
+    }
+    if let Some(c) = &state.ctx.otlp {
+        crate::otlp::render_prometheus(&mut text, c);
     }
     render_access_log(
         &mut text,

@@ -177,6 +177,16 @@ pub async fn spawn(
     }
     let meter = spawn_meter(config.meter.clone());
     observers.push(Arc::new(meter.clone()));
+    let otlp = match config.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
+        Some(endpoint) => {
+            let interval = Duration::from_millis(config.otlp_export_interval_ms);
+            let export = crate::otlp::OtlpExport::start(endpoint, interval)
+                .with_context(|| format!("otlp_endpoint {endpoint}"))?;
+            observers.push(export.clone());
+            Some(export)
+        }
+        None => None,
+    };
     let resolved = config.resolved_upstreams()?;
     let upstreams = Arc::new(Upstreams::new(&resolved, &config.routing)?);
     // With one replica the aggregate meter is that replica's; with several each gets a meter of
@@ -224,6 +234,7 @@ pub async fn spawn(
             access_log: counters.clone(),
             started: Clock::global().now(),
             scrape,
+            otlp: otlp.as_ref().map(|o| o.counters().clone()),
             fleet: Some(FleetStats {
                 upstreams: upstreams.clone(),
                 meters: upstream_meters.clone(),
@@ -272,7 +283,10 @@ pub async fn spawn(
         serving,
         state.clone(),
         log.clone(),
-        background,
+        Background {
+            tasks: background,
+            otlp,
+        },
     ));
     Ok(ProxyHandle {
         addr,
@@ -433,6 +447,14 @@ fn connection_builder(cfg: &ServeConfig) -> http1::Builder {
     builder
 }
 
+/// What runs beside the serving threads and stops with them.
+struct Background {
+    /// Scrapers and the model refresh: aborted when shutdown starts.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The OTLP exporter: flushed once every request has finished.
+    otlp: Option<Arc<crate::otlp::OtlpExport>>,
+}
+
 /// Accepts connections and hands them to the serving threads in turn (an even spread: with a
 /// listener shared by the threads, a burst of keep-alive connections could land mostly on one);
 /// at shutdown stops accepting, lets the threads drain, and closes the log.
@@ -443,7 +465,7 @@ async fn accept_loop(
     serving: Vec<ServingThread>,
     state: Arc<ProxyState>,
     log: Option<Arc<AccessLogWriter>>,
-    background: Vec<tokio::task::JoinHandle<()>>,
+    background: Background,
 ) {
     let mut next = 0usize;
     loop {
@@ -468,7 +490,7 @@ async fn accept_loop(
     }
     drop(listener);
     // No more samples once shutdown starts: the log is about to close.
-    for task in background {
+    for task in background.tasks {
         task.abort();
     }
     tracing::info!(
@@ -479,6 +501,10 @@ async fn accept_loop(
     let _ = stop.send(true);
     for t in serving {
         let _ = t.done.await;
+    }
+    if let Some(o) = background.otlp {
+        // Records every finished request, then one last export (blocking: off the runtime).
+        let _ = tokio::task::spawn_blocking(move || o.shutdown()).await;
     }
     if let Some(log) = log {
         log.close().await;
