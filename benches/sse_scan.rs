@@ -2,6 +2,7 @@
 //! Run: cargo bench --bench sse_scan
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use tokenmeter::dialect::Api;
 use tokenmeter::openai::summarize;
 use tokenmeter::record::RequestRecord;
 use tokenmeter::sse::SseScanner;
@@ -72,6 +73,26 @@ fn scan(c: &mut Criterion) {
             },
         );
         g.throughput(Throughput::Elements(frames.len() as u64));
+        // What the proxy runs per event since #13: the chat dialect over the same skimmer.
+        g.bench_with_input(
+            BenchmarkId::new("dialect_events", name),
+            &frames,
+            |b, frames| {
+                let dialect = Api::Chat.dialect();
+                b.iter(|| {
+                    let mut s = SseScanner::default();
+                    let mut tokens = 0u64;
+                    for f in frames {
+                        s.feed(f, |e| {
+                            if let Some(sum) = dialect.event(e.data) {
+                                tokens += sum.output as u64;
+                            }
+                        });
+                    }
+                    tokens
+                })
+            },
+        );
         g.bench_with_input(BenchmarkId::new("events", name), &frames, |b, frames| {
             b.iter(|| {
                 let mut s = SseScanner::default();

@@ -49,8 +49,12 @@ pub struct ServeConfig {
     pub admin_listen: Option<String>,
     /// Bearer token required for `/stats*` when set.
     pub stats_token: Option<Secret>,
-    /// Ask the upstream for usage on streams that did not, and hide it from the client.
+    /// Ask the upstream for usage on chat and completions streams that did not, and hide it from
+    /// the client (Responses and Messages streams carry usage unasked: never touched).
     pub inject_stream_usage: bool,
+    /// The upstream vLLM runs with `--enable-force-include-usage`: it sends the usage event on
+    /// every stream anyway, so the proxy neither asks for it nor removes it.
+    pub upstream_force_include_usage: bool,
     /// Measure and meter responses; off makes tokenmeter a plain pass-through (for benchmarks).
     pub metering: bool,
     /// Largest request head (request line and headers) accepted; larger gets 431.
@@ -96,6 +100,7 @@ impl Default for ServeConfig {
             admin_listen: None,
             stats_token: None,
             inject_stream_usage: true,
+            upstream_force_include_usage: false,
             metering: true,
             max_header_bytes: 64 * 1024,
             max_request_body_bytes: 64 * 1024 * 1024,
@@ -218,7 +223,8 @@ pub struct UsersConfig {
     pub api_keys: BTreeMap<String, Secret>,
     /// Reject requests whose bearer key is missing or not in `api_keys` (401).
     pub require_known_key: bool,
-    /// Key sent upstream instead of the client's (replaces `Authorization`).
+    /// Key sent upstream instead of the client's: replaces `Authorization`, and `x-api-key` when
+    /// the client sent its key there (Anthropic clients).
     pub upstream_api_key: Option<Secret>,
 }
 

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::clock::UnixNanos;
+use crate::dialect::Api;
 
 /// Version of the access-log line format; `analyze` skips lines of other versions.
 pub const RECORD_SCHEMA: u32 = 1;
@@ -119,24 +120,49 @@ pub struct RequestRecord {
     pub stream: Option<bool>,
     /// How the request ended.
     pub outcome: Outcome,
-    /// Prompt tokens, from `usage`.
+    /// The generation API of the route (`null` for every other route, `count_tokens` included).
+    #[serde(default)]
+    pub api: Option<Api>,
+    /// Prompt (input) tokens, from the API's usage, cached ones included.
     pub prompt_tokens: Option<u64>,
-    /// Completion tokens, from `usage` (summed over choices), or counted (see `tokens_source`).
+    /// Completion (output) tokens, from the API's usage (summed over choices), or counted (see
+    /// `tokens_source`).
     pub completion_tokens: Option<u64>,
+    /// Of `prompt_tokens`, those served from the prefix cache, when the upstream says.
+    #[serde(default)]
+    pub cached_prompt_tokens: Option<u64>,
+    /// Of `completion_tokens`, reasoning tokens, when the upstream says.
+    #[serde(default)]
+    pub reasoning_tokens: Option<u64>,
     /// Where the token counts came from.
     pub tokens_source: TokensSource,
     /// Number of choices requested (`n`), when given.
     pub n: Option<u32>,
     /// Milliseconds from arrival to the first response body byte from upstream.
     pub first_byte_ms: Option<f64>,
-    /// Milliseconds from arrival to the first SSE event with a non-empty `choices` array.
+    /// Milliseconds from arrival to the first streamed event that carries generated output of
+    /// any kind (text, reasoning, tool-call name or arguments).
     pub ttft_ms: Option<f64>,
+    /// Chat and completions streams: milliseconds from arrival to the first event with a
+    /// non-empty `choices` array, role-only ones included (where `vllm bench serve` takes TTFT).
+    #[serde(default)]
+    pub bench_ttft_ms: Option<f64>,
     /// Milliseconds from arrival to the last body byte handed to the client.
     pub e2e_ms: Option<f64>,
     /// (e2e - ttft) / (completion_tokens - 1); `null` for fewer than 2 tokens or no TTFT.
     pub tpot_ms: Option<f64>,
-    /// Largest gap between two content-bearing events, milliseconds.
+    /// Largest gap between two output-carrying events, milliseconds.
     pub itl_max_ms: Option<f64>,
+    /// Mean gap between two output-carrying events, milliseconds (`vllm bench serve`'s ITL).
+    #[serde(default)]
+    pub itl_mean_ms: Option<f64>,
+    /// Median gap between two output-carrying events, milliseconds (from the request's
+    /// histogram: within 4.5 % of the exact value).
+    #[serde(default)]
+    pub itl_p50_ms: Option<f64>,
+    /// 99th percentile of the gaps between output-carrying events, milliseconds (histogram).
+    #[serde(default)]
+    pub itl_p99_ms: Option<f64>,
     /// completion_tokens / e2e, tokens per second.
     pub tok_s: Option<f64>,
     /// (completion_tokens - 1) / (e2e - ttft), tokens per second.
@@ -159,6 +185,10 @@ pub struct RequestRecord {
     pub server_ttft_ms: Option<f64>,
     /// vLLM's own mean inter-token latency for this request, ms.
     pub server_mean_itl_ms: Option<f64>,
+    /// The request's ITL samples, for the meter's windows and the Prometheus histogram; not
+    /// logged (the line has its summary figures).
+    #[serde(skip)]
+    pub itl: Option<Box<crate::itl::ItlHistogram>>,
 }
 
 impl RequestRecord {
@@ -199,10 +229,10 @@ fn ms_to_ns(ms: f64) -> u64 {
     (ms * 1e6).round() as u64
 }
 
-/// Whether `path` (after any `/u/<name>` prefix was stripped) is a generation endpoint.
+/// Whether `path` (after any `/u/<name>` prefix was stripped) is a generation endpoint of one of
+/// the APIs the proxy reads.
 pub fn is_generation_path(path: &str) -> bool {
-    let path = path.split('?').next().unwrap_or(path);
-    path.ends_with("/chat/completions") || path.ends_with("/v1/completions")
+    crate::dialect::detect(path).is_some()
 }
 
 /// Derived timing figures, computed one way for the proxy and for anything re-deriving them.
@@ -266,5 +296,8 @@ mod tests {
         assert!(is_generation_path("/v1/completions"));
         assert!(!is_generation_path("/v1/models"));
         assert!(!is_generation_path("/health"));
+        assert!(is_generation_path("/v1/responses"));
+        assert!(is_generation_path("/v1/messages"));
+        assert!(!is_generation_path("/v1/messages/count_tokens"));
     }
 }

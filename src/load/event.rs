@@ -95,6 +95,7 @@ mod tests {
         let want = Usage {
             prompt_tokens: Some(12),
             completion_tokens: Some(5),
+            ..Usage::default()
         };
         assert_eq!(
             parse_event(e),

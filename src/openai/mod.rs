@@ -11,13 +11,53 @@ use serde_json::value::RawValue;
 
 /// Token counts from a `usage` object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(from = "RawUsage")]
 pub struct Usage {
     /// `usage.prompt_tokens`.
-    #[serde(default)]
     pub prompt_tokens: Option<u64>,
     /// `usage.completion_tokens` (vLLM sums all choices when n > 1).
-    #[serde(default)]
     pub completion_tokens: Option<u64>,
+    /// `usage.prompt_tokens_details.cached_tokens` (vLLM sends it with
+    /// `--enable-prompt-tokens-details`).
+    pub cached_tokens: Option<u64>,
+    /// `usage.completion_tokens_details.reasoning_tokens`, when sent.
+    pub reasoning_tokens: Option<u64>,
+}
+
+/// `usage` as it is on the wire: the details are nested objects.
+#[derive(Deserialize)]
+struct RawUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+    #[serde(default)]
+    completion_tokens_details: Option<CompletionDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct CompletionDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
+}
+
+impl From<RawUsage> for Usage {
+    fn from(r: RawUsage) -> Self {
+        Usage {
+            prompt_tokens: r.prompt_tokens,
+            completion_tokens: r.completion_tokens,
+            cached_tokens: r.prompt_tokens_details.and_then(|d| d.cached_tokens),
+            reasoning_tokens: r.completion_tokens_details.and_then(|d| d.reasoning_tokens),
+        }
+    }
 }
 
 /// vLLM's per-request timings (the `metrics` object some builds attach), milliseconds.
@@ -192,7 +232,8 @@ mod tests {
             u.usage,
             Some(Usage {
                 prompt_tokens: Some(12),
-                completion_tokens: Some(5)
+                completion_tokens: Some(5),
+                ..Usage::default()
             })
         );
     }
@@ -218,5 +259,21 @@ mod tests {
         assert_eq!(s.finish_reason.as_deref(), Some("stop"));
         assert_eq!(s.server_timings.unwrap().queue_time_ms, Some(1.5));
         assert_eq!(s.server_timings.unwrap().mean_itl_ms, None);
+    }
+
+    #[test]
+    fn usage_details_are_read_by_both_paths() {
+        let ev = br#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":8},"completion_tokens_details":{"reasoning_tokens":3}}}"#;
+        let want = Usage {
+            prompt_tokens: Some(12),
+            completion_tokens: Some(5),
+            cached_tokens: Some(8),
+            reasoning_tokens: Some(3),
+        };
+        assert_eq!(summarize(ev).unwrap().usage, Some(want));
+        assert_eq!(summarize_reference(ev).unwrap().usage, Some(want));
+        let nulls = br#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"prompt_tokens_details":null}}"#;
+        assert_eq!(summarize(nulls), summarize_reference(nulls));
+        assert_eq!(summarize(nulls).unwrap().usage.unwrap().cached_tokens, None);
     }
 }

@@ -393,6 +393,7 @@ impl<'a> Parser<'a> {
     fn usage(&mut self) -> Skimmed<Usage> {
         let mut u = Usage::default();
         let (mut seen_prompt, mut seen_completion) = (false, false);
+        let (mut seen_prompt_details, mut seen_completion_details) = (false, false);
         self.open_object()?;
         let mut first = true;
         while let Some(key) = self.key(&mut first)? {
@@ -404,6 +405,17 @@ impl<'a> Parser<'a> {
                 b"completion_tokens" => {
                     first_time(&mut seen_completion)?;
                     u.completion_tokens = self.count()?;
+                }
+                // Token details are rare (once per stream at most): serde reads them.
+                b"prompt_tokens_details" | b"completion_tokens_details" => {
+                    first_time(if key[0] == b'p' {
+                        &mut seen_prompt_details
+                    } else {
+                        &mut seen_completion_details
+                    })?;
+                    if !self.null()? {
+                        return Err(Decline);
+                    }
                 }
                 _ => {
                     self.value()?;

@@ -11,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
-use crate::openai::summarize;
+use crate::dialect::{Dialect, EventSummary};
 use crate::proxy::tracker::Tracker;
 use crate::record::Outcome;
 use crate::sse::SseScanner;
@@ -21,16 +21,18 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How the body is read on the way through.
 pub enum Reading {
-    /// Server-sent events, scanned incrementally; `strip_usage` removes usage-only events the
-    /// proxy asked for on the client's behalf.
+    /// Server-sent events, scanned incrementally and read by `dialect`; `strip_usage` removes
+    /// usage-only events the proxy asked for on the client's behalf.
     Sse {
+        dialect: &'static dyn Dialect,
         scanner: SseScanner,
         strip_usage: bool,
         held: BytesMut,
         max_held: usize,
     },
-    /// A JSON body copied aside (up to `limit` bytes) to read its usage at the end.
+    /// A JSON body copied aside (up to `limit` bytes) for `dialect` to read at the end.
     Json {
+        dialect: &'static dyn Dialect,
         copy: Vec<u8>,
         limit: usize,
         overflow: bool,
@@ -86,13 +88,14 @@ impl MeteredBody {
     fn end(&mut self, outcome: Outcome, error: Option<&str>) {
         let now = Instant::now();
         if let Reading::Json {
+            dialect,
             copy,
             overflow: false,
             ..
         } = &self.reading
         {
-            if let Some(s) = summarize(copy) {
-                self.tracker.on_summary(&s, now, false);
+            if let Some(s) = dialect.body(copy) {
+                self.tracker.on_event(&s, now, false);
             }
         }
         self.inner = None;
@@ -109,6 +112,7 @@ impl MeteredBody {
                 copy,
                 limit,
                 overflow,
+                ..
             } => {
                 if !*overflow {
                     if copy.len() + data.len() > *limit {
@@ -121,23 +125,25 @@ impl MeteredBody {
                 data
             }
             Reading::Sse {
+                dialect,
                 scanner,
                 strip_usage,
                 held,
                 max_held,
             } => {
+                let dialect = *dialect;
                 if !*strip_usage {
                     scanner.feed(&data, |ev| {
                         if !ev.oversize {
-                            if let Some(s) = summarize(ev.data) {
-                                tracker.on_summary(&s, now, true);
+                            if let Some(s) = dialect.event(ev.data) {
+                                tracker.on_event(&s, now, true);
                             }
                         }
                     });
                     data
                 } else {
-                    let mut out = strip_usage_events(scanner, held, &data, |s| {
-                        tracker.on_summary(s, now, true)
+                    let mut out = strip_usage_events(dialect, scanner, held, &data, |s| {
+                        tracker.on_event(s, now, true)
                     });
                     if held.len() > *max_held {
                         // An event this large is not a usage event: stop holding, pass everything.
@@ -163,10 +169,11 @@ impl MeteredBody {
 /// Feeds `data` through the scanner, drops usage-only events (`"choices": []` with usage), holds
 /// back an event that is not complete yet (it might be one), and returns the bytes to send now.
 pub(crate) fn strip_usage_events(
+    dialect: &dyn Dialect,
     scanner: &mut SseScanner,
     held: &mut BytesMut,
     data: &Bytes,
-    mut on_summary: impl FnMut(&crate::openai::Summary<'_>),
+    mut on_summary: impl FnMut(&EventSummary<'_>),
 ) -> Bytes {
     // Ranges of `data` to drop, and whether the held prefix is dropped.
     let mut drops: [(usize, usize); 4] = [(0, 0); 4];
@@ -177,8 +184,8 @@ pub(crate) fn strip_usage_events(
     scanner.feed(data, |ev| {
         let mut usage_only = false;
         if !ev.oversize {
-            if let Some(s) = summarize(ev.data) {
-                usage_only = s.choices == 0 && s.usage.is_some() && !s.is_error;
+            if let Some(s) = dialect.event(ev.data) {
+                usage_only = s.usage_only;
                 on_summary(&s);
             }
         }
@@ -259,6 +266,7 @@ impl Body for MeteredBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        this.tracker.on_poll();
         loop {
             let Some(inner) = this.inner.as_mut() else {
                 return Poll::Ready(None);
@@ -345,6 +353,7 @@ impl Body for MeteredBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::chat::Chat;
 
     fn fixture_body(name: &str) -> Vec<u8> {
         let raw = std::fs::read(
@@ -369,7 +378,7 @@ mod tests {
         let mut max_held = 0;
         for r in pieces {
             let data = Bytes::copy_from_slice(&body[r]);
-            let sent = strip_usage_events(&mut scanner, &mut held, &data, |s| {
+            let sent = strip_usage_events(&Chat, &mut scanner, &mut held, &data, |s| {
                 if s.usage.is_some() {
                     usage_events += 1;
                 }
@@ -410,12 +419,12 @@ mod tests {
         let frame = Bytes::from_static(
             b": keep-alive\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
         );
-        let out = strip_usage_events(&mut scanner, &mut held, &frame, |_| {});
+        let out = strip_usage_events(&Chat, &mut scanner, &mut held, &frame, |_| {});
         assert_eq!(out.as_ptr(), frame.as_ptr(), "zero-copy pass-through");
         let usage = Bytes::from_static(
             b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n",
         );
-        let out = strip_usage_events(&mut scanner, &mut held, &usage, |_| {});
+        let out = strip_usage_events(&Chat, &mut scanner, &mut held, &usage, |_| {});
         assert_eq!(&out[..], b"data: [DONE]\n\n");
     }
 }

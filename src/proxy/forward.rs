@@ -13,6 +13,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 
 use crate::clock::Clock;
 use crate::config::ServeConfig;
+use crate::dialect::{Dialect, StreamUsage};
 use crate::error::ProxyError;
 use crate::fleet::{Load, Upstreams};
 use crate::proxy::body::{MeteredBody, Reading};
@@ -21,7 +22,7 @@ use crate::proxy::identity::{self, Clues};
 use crate::proxy::request::{inject_include_usage, RequestInfo};
 use crate::proxy::tracker::{RequestMeta, Tracker, TrackerShared};
 use crate::proxy::ProxyBody;
-use crate::record::{is_generation_path, Outcome};
+use crate::record::Outcome;
 use crate::sse::SseScanner;
 
 /// What every request of one proxy shares.
@@ -65,7 +66,8 @@ async fn forward(
     let split = identity::split_user_prefix(parts.uri.path());
     let path_user = split.user.map(str::to_string);
     let fwd_path = split.path.to_string();
-    let metered = cfg.metering && is_generation_path(&fwd_path);
+    let api = crate::dialect::detect(&fwd_path);
+    let metered = cfg.metering && api.is_some();
     let clues = |body_user: Option<&str>, headers: &http::HeaderMap| {
         identity::identify(
             &cfg.users,
@@ -84,6 +86,7 @@ async fn forward(
         model: None,
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),
+        api,
         stream: None,
         n: None,
         bytes_in: 0,
@@ -110,7 +113,7 @@ async fn forward(
 
     let mut upstream_body = body.clone();
     let mut strip_usage = false;
-    if is_generation_path(&fwd_path) {
+    if let Some(api) = api {
         let info = RequestInfo::parse(&body);
         let (user, source) = clues(info.user.as_deref(), &parts.headers);
         meta.user = user.into();
@@ -118,7 +121,13 @@ async fn forward(
         meta.model = info.model.as_deref().map(Arc::from);
         meta.stream = info.stream;
         meta.n = info.n;
-        if metered && cfg.inject_stream_usage && info.wants_injection() {
+        let asks = api.dialect().stream_usage() == StreamUsage::IncludeUsageOption;
+        if metered
+            && asks
+            && cfg.inject_stream_usage
+            && !cfg.upstream_force_include_usage
+            && info.wants_injection()
+        {
             if let Some(b) = inject_include_usage(&body, &info) {
                 upstream_body = b;
                 strip_usage = true;
@@ -147,6 +156,18 @@ async fn forward(
         headers.remove(name);
     }
     if let Some(key) = &cfg.users.upstream_api_key {
+        // The upstream key always goes as a bearer key, and replaces the client's `x-api-key`
+        // too when it sent one: no client key reaches the upstream.
+        if headers.contains_key(identity::X_API_KEY) {
+            match HeaderValue::from_str(&key.0) {
+                Ok(v) => {
+                    headers.insert(identity::X_API_KEY, v);
+                }
+                Err(_) => {
+                    headers.remove(identity::X_API_KEY);
+                }
+            }
+        }
         if let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", key.0)) {
             headers.insert(header::AUTHORIZATION, v);
         }
@@ -230,13 +251,31 @@ async fn forward(
     strip_hop_by_hop(&mut rparts.headers);
     tracker.set_status(rparts.status.as_u16());
     let is_sse = content_type_starts(&rparts.headers, "text/event-stream");
-    let reading = if !metered {
-        Reading::Opaque
-    } else if is_sse {
+    let reading = match api.filter(|_| metered) {
+        None => Reading::Opaque,
+        Some(api) => reading(api.dialect(), &mut rparts, is_sse, strip_usage, cfg),
+    };
+    let idle = std::time::Duration::from_millis(cfg.timeouts.body_idle_ms);
+    Response::from_parts(
+        rparts,
+        ProxyBody::Metered(Box::new(MeteredBody::new(rbody, tracker, reading, idle))),
+    )
+}
+
+/// How a metered response is read: by its dialect, as events or as one JSON body.
+fn reading(
+    dialect: &'static dyn Dialect,
+    rparts: &mut http::response::Parts,
+    is_sse: bool,
+    strip_usage: bool,
+    cfg: &ServeConfig,
+) -> Reading {
+    if is_sse {
         if strip_usage {
             rparts.headers.remove(header::CONTENT_LENGTH);
         }
         Reading::Sse {
+            dialect,
             scanner: SseScanner::new(cfg.max_sse_event_bytes),
             strip_usage,
             held: Default::default(),
@@ -244,18 +283,14 @@ async fn forward(
         }
     } else if content_type_starts(&rparts.headers, "application/json") {
         Reading::Json {
+            dialect,
             copy: Vec::new(),
             limit: cfg.max_response_scan_bytes,
             overflow: false,
         }
     } else {
         Reading::Opaque
-    };
-    let idle = std::time::Duration::from_millis(cfg.timeouts.body_idle_ms);
-    Response::from_parts(
-        rparts,
-        ProxyBody::Metered(Box::new(MeteredBody::new(rbody, tracker, reading, idle))),
-    )
+    }
 }
 
 /// Records a failed attempt on replica `index` (refused, lost before the head, or 5xx: nothing

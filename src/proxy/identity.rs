@@ -55,13 +55,32 @@ fn clean(name: &str) -> Option<String> {
     (!cleaned.is_empty()).then_some(cleaned)
 }
 
-/// The bearer key of a request, if any.
+/// The header Anthropic clients send their key in.
+pub const X_API_KEY: &str = "x-api-key";
+
+/// The API key of a request, if any: `Authorization: Bearer <key>`, else `x-api-key: <key>`
+/// (Anthropic clients). Every use of a client key (key map, pseudonym, `require_known_key`)
+/// reads it here.
 pub fn bearer_key(headers: &HeaderMap) -> Option<&str> {
+    authorization_key(headers).or_else(|| x_api_key(headers))
+}
+
+fn authorization_key(headers: &HeaderMap) -> Option<&str> {
     let v = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, key) = v.split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")
         .then(|| key.trim())
+        .filter(|k| !k.is_empty())
+}
+
+/// The key in `x-api-key`, when present and not empty.
+pub fn x_api_key(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(X_API_KEY)?
+        .to_str()
+        .ok()
+        .map(str::trim)
         .filter(|k| !k.is_empty())
 }
 
@@ -233,6 +252,36 @@ mod tests {
             client_ip: ip,
         };
         assert_eq!(identify(&cfg, &clues), ("10.0.0.1".into(), UserSource::Ip));
+    }
+
+    #[test]
+    fn x_api_key_is_a_key_like_bearer() {
+        let mut cfg = UsersConfig::default();
+        cfg.api_keys
+            .insert("ann".into(), Secret("sk-ant-ann".into()));
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let h = headers(&[("x-api-key", "sk-ant-ann")]);
+        assert_eq!(bearer_key(&h), Some("sk-ant-ann"));
+        let clues = Clues {
+            path_user: None,
+            headers: &h,
+            body_user: None,
+            client_ip: ip,
+        };
+        assert_eq!(identify(&cfg, &clues), ("ann".into(), UserSource::KeyMap));
+        let other = headers(&[("x-api-key", "sk-ant-other")]);
+        let clues = Clues {
+            headers: &other,
+            ..clues
+        };
+        assert_eq!(
+            identify(&cfg, &clues),
+            (key_pseudonym("sk-ant-other"), UserSource::KeyHash)
+        );
+        // Both present: the bearer key answers, as before.
+        let both = headers(&[("authorization", "Bearer sk-b"), ("x-api-key", "sk-x")]);
+        assert_eq!(bearer_key(&both), Some("sk-b"));
+        assert_eq!(bearer_key(&headers(&[("x-api-key", " ")])), None);
     }
 
     #[test]

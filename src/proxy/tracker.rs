@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::clock::{format_rfc3339_micros, Clock, UnixNanos, NANOS_PER_SEC};
+use crate::dialect::{Api, EventSummary};
 use crate::fleet::Load;
-use crate::openai::{ServerTimings, Summary};
+use crate::itl::ItlHistogram;
+use crate::openai::ServerTimings;
 use crate::record::{
     DerivedRates, Outcome, RequestRecord, TokensSource, UserSource, RECORD_SCHEMA,
 };
@@ -104,6 +106,8 @@ pub struct RequestMeta {
     pub method: String,
     /// Path as the client sent it, without the query.
     pub path: String,
+    /// The generation API of the route, `None` for other routes.
+    pub api: Option<Api>,
     /// `stream` from the body.
     pub stream: Option<bool>,
     /// `n` from the body.
@@ -126,10 +130,17 @@ pub struct Tracker {
     status: Option<u16>,
     first_byte: Option<Instant>,
     ttft: Option<Instant>,
-    last_content: Option<Instant>,
-    itl_max: Duration,
+    bench_ttft: Option<Instant>,
+    last_output: Option<Instant>,
+    /// Boxed on the first gap: non-streamed and one-token requests carry none.
+    itl: Option<Box<ItlHistogram>>,
     usage_prompt: Option<u64>,
     usage_completion: Option<u64>,
+    usage_cached: Option<u64>,
+    usage_reasoning: Option<u64>,
+    /// The API's terminal event was read (`[DONE]`, `response.completed`, `message_stop`) and
+    /// whether the frame holding it has been handed to the client since.
+    terminal: Terminal,
     counted: u64,
     attributed: u64,
     finish_reason: Option<String>,
@@ -172,10 +183,14 @@ impl Tracker {
             status: None,
             first_byte: None,
             ttft: None,
-            last_content: None,
-            itl_max: Duration::ZERO,
+            bench_ttft: None,
+            last_output: None,
+            itl: None,
             usage_prompt: None,
             usage_completion: None,
+            usage_cached: None,
+            usage_reasoning: None,
+            terminal: Terminal::NotYet,
             counted: 0,
             attributed: 0,
             finish_reason: None,
@@ -269,23 +284,31 @@ impl Tracker {
         self.bytes_out += len as u64;
     }
 
-    /// One parsed SSE event (or a whole non-streamed JSON body) passed at `now`.
-    pub fn on_summary(&mut self, s: &Summary<'_>, now: Instant, streamed: bool) {
-        if s.is_error {
+    /// One SSE event (or a whole non-streamed JSON body), read by the request's dialect, passed
+    /// at `now`.
+    pub fn on_event(&mut self, s: &EventSummary<'_>, now: Instant, streamed: bool) {
+        if s.error {
             self.error_event = true;
         }
-        if s.choices > 0 && self.ttft.is_none() && streamed {
-            self.ttft = Some(now);
-        }
-        if s.content_choices > 0 {
-            self.counted += s.content_choices as u64;
-            if streamed {
-                if let Some(prev) = self.last_content {
-                    self.itl_max = self.itl_max.max(now.saturating_duration_since(prev));
+        if streamed {
+            if s.choices > 0 && self.bench_ttft.is_none() {
+                self.bench_ttft = Some(now);
+            }
+            if s.output > 0 {
+                if self.ttft.is_none() {
+                    self.ttft = Some(now);
                 }
-                self.last_content = Some(now);
+                if let Some(prev) = self.last_output {
+                    let gap = now.saturating_duration_since(prev).as_nanos() as u64;
+                    self.itl.get_or_insert_with(Default::default).record(gap);
+                }
+                self.last_output = Some(now);
+            }
+            if s.end && self.terminal == Terminal::NotYet {
+                self.terminal = Terminal::Read;
             }
         }
+        self.counted += s.output as u64;
         if self.finish_reason.is_none() {
             if let Some(r) = &s.finish_reason {
                 self.finish_reason = Some(r.chars().take(32).collect());
@@ -295,19 +318,23 @@ impl Tracker {
             self.server = Some(t);
         }
         if let Some(u) = s.usage {
-            if u.prompt_tokens.is_some() {
-                self.usage_prompt = u.prompt_tokens;
-            }
-            if u.completion_tokens.is_some() {
-                self.usage_completion = u.completion_tokens;
-            }
+            // Each count keeps its last reported value (Messages repeats the cumulative output).
+            let keep = |slot: &mut Option<u64>, v: Option<u64>| {
+                if v.is_some() {
+                    *slot = v;
+                }
+            };
+            keep(&mut self.usage_prompt, u.input);
+            keep(&mut self.usage_completion, u.output);
+            keep(&mut self.usage_cached, u.cached_input);
+            keep(&mut self.usage_reasoning, u.reasoning);
         }
-        if streamed && self.announced && s.choices > 0 {
+        if streamed && self.announced && (s.output > 0 || s.choices > 0) {
             // Tokens to attribute now: cumulative usage when the upstream sends it on every event
-            // (exact), else one per content-bearing choice; the final usage reconciles at the end.
-            let delta = match s.usage.and_then(|u| u.completion_tokens) {
+            // (exact), else one per output-carrying piece; the final usage reconciles at the end.
+            let delta = match s.usage.and_then(|u| u.output) {
                 Some(total) => total.saturating_sub(self.attributed),
-                None => s.content_choices as u64,
+                None => s.output as u64,
             };
             if delta > 0 {
                 self.attributed += delta;
@@ -319,6 +346,15 @@ impl Tracker {
                     o.tokens(self.id, now_ns, delta);
                 }
             }
+        }
+    }
+
+    /// The body is about to be polled again: any frame produced before has been handed to the
+    /// client, the terminal event's included.
+    #[inline]
+    pub fn on_poll(&mut self) {
+        if self.terminal == Terminal::Read {
+            self.terminal = Terminal::Delivered(Instant::now());
         }
     }
 
@@ -355,7 +391,7 @@ impl Tracker {
         t.map(|t| t.saturating_duration_since(self.t0).as_secs_f64() * 1e3)
     }
 
-    fn record(&self, outcome: Outcome, error: Option<&str>, now: Instant) -> RequestRecord {
+    fn record(&mut self, outcome: Outcome, error: Option<&str>, now: Instant) -> RequestRecord {
         let (completion, source) = match (self.usage_completion, self.counted) {
             (Some(c), _) => (Some(c), TokensSource::Usage),
             (None, n) if n > 0 => (Some(n), TokensSource::Counted),
@@ -364,8 +400,8 @@ impl Tracker {
         let e2e_ms = Some(now.saturating_duration_since(self.t0).as_secs_f64() * 1e3);
         let ttft_ms = self.ms(self.ttft);
         let rates = DerivedRates::compute(ttft_ms, e2e_ms, completion);
-        let itl = (self.last_content.is_some() && self.itl_max > Duration::ZERO)
-            .then_some(self.itl_max.as_secs_f64() * 1e3);
+        let itl = self.itl.take();
+        let itl_stat = |f: fn(&ItlHistogram) -> Option<f64>| itl.as_deref().and_then(f);
         RequestRecord {
             kind: "request".into(),
             schema: RECORD_SCHEMA,
@@ -381,15 +417,22 @@ impl Tracker {
             status: self.status,
             stream: self.meta.stream,
             outcome,
+            api: self.meta.api,
             prompt_tokens: self.usage_prompt,
             completion_tokens: completion,
+            cached_prompt_tokens: self.usage_cached,
+            reasoning_tokens: self.usage_reasoning,
             tokens_source: source,
             n: self.meta.n,
             first_byte_ms: self.ms(self.first_byte),
             ttft_ms,
+            bench_ttft_ms: self.ms(self.bench_ttft),
             e2e_ms,
             tpot_ms: rates.tpot_ms,
-            itl_max_ms: itl,
+            itl_max_ms: itl_stat(ItlHistogram::max_ms),
+            itl_mean_ms: itl_stat(ItlHistogram::mean_ms),
+            itl_p50_ms: itl_stat(|h| h.quantile_ms(0.5)),
+            itl_p99_ms: itl_stat(|h| h.quantile_ms(0.99)),
             tok_s: rates.tok_s,
             decode_tok_s: rates.decode_tok_s,
             in_flight_at_start: self.in_flight_at_start,
@@ -401,18 +444,36 @@ impl Tracker {
             server_queue_ms: self.server.and_then(|s| s.queue_time_ms),
             server_ttft_ms: self.server.and_then(|s| s.time_to_first_token_ms),
             server_mean_itl_ms: self.server.and_then(|s| s.mean_itl_ms),
+            itl,
         }
     }
 }
 
+/// Where the API's terminal event is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Terminal {
+    /// Not seen yet.
+    NotYet,
+    /// Read from the upstream, in a frame not yet handed to the client.
+    Read,
+    /// Handed to the client at this time.
+    Delivered(Instant),
+}
+
 impl Drop for Tracker {
     fn drop(&mut self) {
-        if !self.done {
-            self.finish(
+        if self.done {
+            return;
+        }
+        match self.terminal {
+            // The client had the whole answer (Codex closes right after `response.completed`):
+            // the request ended when the terminal event left.
+            Terminal::Delivered(at) => self.finish(Outcome::Ok, None, at),
+            _ => self.finish(
                 Outcome::ClientAborted,
                 Some("client disconnected"),
                 Instant::now(),
-            );
+            ),
         }
     }
 }

@@ -31,7 +31,11 @@ fn read_fixture_events() -> Vec<Vec<u8>> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm");
     let mut events = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
-        let raw = std::fs::read(entry.unwrap().path()).unwrap();
+        let path = entry.unwrap().path();
+        if !path.is_file() {
+            continue;
+        }
+        let raw = std::fs::read(path).unwrap();
         let text = String::from_utf8_lossy(&raw);
         for line in text.lines() {
             if let Some(data) = line.strip_prefix("data: ") {

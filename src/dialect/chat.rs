@@ -1,0 +1,103 @@
+//! OpenAI chat completions (`/v1/chat/completions`): `data: {json}` events ending with
+//! `data: [DONE]`, read by the skimmer in [`crate::openai`] (the fast path for vLLM's events).
+
+use super::{Api, Dialect, EventSummary, StreamUsage};
+
+/// The chat completions reader.
+pub struct Chat;
+
+impl Dialect for Chat {
+    fn api(&self) -> Api {
+        Api::Chat
+    }
+
+    fn matches(&self, path: &str) -> bool {
+        path.ends_with("/chat/completions")
+    }
+
+    fn stream_usage(&self) -> StreamUsage {
+        StreamUsage::IncludeUsageOption
+    }
+
+    #[inline]
+    fn event<'a>(&self, data: &'a [u8]) -> Option<EventSummary<'a>> {
+        openai_event(data)
+    }
+
+    fn body<'a>(&self, body: &'a [u8]) -> Option<EventSummary<'a>> {
+        openai_body(body)
+    }
+}
+
+/// One event of an OpenAI-style stream (chat and completions share the shape).
+#[inline]
+pub(super) fn openai_event(data: &[u8]) -> Option<EventSummary<'_>> {
+    if data == b"[DONE]" {
+        return Some(EventSummary {
+            end: true,
+            ..EventSummary::default()
+        });
+    }
+    crate::openai::summarize(data).map(|s| EventSummary {
+        output: s.content_choices,
+        choices: s.choices,
+        usage_only: s.choices == 0 && s.usage.is_some() && !s.is_error,
+        usage: s.usage.map(tokens),
+        finish_reason: s.finish_reason,
+        error: s.is_error,
+        end: false,
+        server_timings: s.server_timings,
+    })
+}
+
+/// A whole non-streamed OpenAI-style body.
+pub(super) fn openai_body(body: &[u8]) -> Option<EventSummary<'_>> {
+    let mut s = openai_event(body)?;
+    s.usage_only = false;
+    s.end = true;
+    Some(s)
+}
+
+fn tokens(u: crate::openai::Usage) -> super::TokenUsage {
+    super::TokenUsage {
+        input: u.prompt_tokens,
+        output: u.completion_tokens,
+        cached_input: u.cached_tokens,
+        reasoning: u.reasoning_tokens,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_event_is_not_output_but_has_choices() {
+        let s = Chat
+            .event(br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#)
+            .unwrap();
+        assert_eq!((s.output, s.choices, s.end), (0, 1, false));
+        let tool = Chat
+            .event(br#"{"choices":[{"index":0,"delta":{"content":null,"tool_calls":[{"index":0,"function":{"name":"read_file"}}]},"finish_reason":null}]}"#)
+            .unwrap();
+        assert_eq!(tool.output, 1);
+    }
+
+    #[test]
+    fn done_ends_and_usage_event_is_usage_only() {
+        assert!(Chat.event(b"[DONE]").unwrap().end);
+        let u = Chat
+            .event(br#"{"choices":[],"usage":{"prompt_tokens":11,"completion_tokens":40,"prompt_tokens_details":{"cached_tokens":8}}}"#)
+            .unwrap();
+        assert!(u.usage_only && !u.end);
+        assert_eq!(
+            u.usage.unwrap(),
+            super::super::TokenUsage {
+                input: Some(11),
+                output: Some(40),
+                cached_input: Some(8),
+                reasoning: None
+            }
+        );
+    }
+}

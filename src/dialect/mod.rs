@@ -1,0 +1,172 @@
+//! The generation APIs the proxy measures, behind one interface: which route is which API, whether
+//! a stream must be asked for its usage, and what each SSE event or non-streamed body says, read
+//! into one [`EventSummary`] whatever the API. The proxy, its tracker and the meter only ever see
+//! that summary; each API's JSON is known to its own file.
+//!
+//! Adding an API: one new file implementing [`Dialect`], one [`Api`] variant with its name, and
+//! one entry in [`DIALECTS`].
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
+use crate::openai::ServerTimings;
+
+pub mod chat;
+pub mod completions;
+pub mod messages;
+pub mod responses;
+
+/// A generation API, as logged in the `api` field and used as a bounded metrics label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    /// OpenAI chat completions, `POST /v1/chat/completions`.
+    Chat,
+    /// OpenAI text completions, `POST /v1/completions`.
+    Completions,
+    /// OpenAI Responses, `POST /v1/responses`.
+    Responses,
+    /// Anthropic Messages, `POST /v1/messages`.
+    Messages,
+}
+
+impl Api {
+    /// Every API, in a stable order (tables, labels).
+    pub const ALL: [Api; 4] = [Api::Chat, Api::Completions, Api::Responses, Api::Messages];
+
+    /// The name used in logs, labels and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+            Api::Responses => "responses",
+            Api::Messages => "messages",
+        }
+    }
+
+    /// This API's reader.
+    pub fn dialect(self) -> &'static dyn Dialect {
+        match self {
+            Api::Chat => &chat::Chat,
+            Api::Completions => &completions::Completions,
+            Api::Responses => &responses::Responses,
+            Api::Messages => &messages::Messages,
+        }
+    }
+}
+
+/// Every dialect, tried in order by [`detect`].
+pub const DIALECTS: [&dyn Dialect; 4] = [
+    &chat::Chat,
+    &completions::Completions,
+    &responses::Responses,
+    &messages::Messages,
+];
+
+/// How a streamed request gets its token usage from the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamUsage {
+    /// The stream carries usage unasked (Responses' `response.completed`, Messages'
+    /// `message_start` and `message_delta`): nothing to inject, nothing to strip.
+    Always,
+    /// Only when the request sets `stream_options.include_usage` (OpenAI chat and completions);
+    /// the proxy may ask on the client's behalf and remove the usage-only event it caused.
+    IncludeUsageOption,
+}
+
+/// Token counts as every API reports them, under one set of names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TokenUsage {
+    /// Prompt (input) tokens, cached ones included.
+    pub input: Option<u64>,
+    /// Generated (output) tokens, reasoning included; cumulative where the API repeats it.
+    pub output: Option<u64>,
+    /// Of `input`, tokens served from the prefix cache.
+    pub cached_input: Option<u64>,
+    /// Of `output`, reasoning tokens.
+    pub reasoning: Option<u64>,
+}
+
+/// What one SSE event, or one whole non-streamed body, says, in terms common to every API.
+#[derive(Debug, Default, PartialEq)]
+pub struct EventSummary<'a> {
+    /// Pieces of generated output in it: text, reasoning, tool-call name or arguments (chat: the
+    /// choices that carry any; other APIs: 1 for a non-empty delta). 0 for role-only, start,
+    /// bookkeeping and ping events.
+    pub output: u32,
+    /// Chat and completions: the length of `choices` (`vllm bench serve` takes its TTFT at the
+    /// first event where it is non-zero). 0 for the other APIs.
+    pub choices: u32,
+    /// Token counts, when the event carries them.
+    pub usage: Option<TokenUsage>,
+    /// The API's own finish (stop) reason, when the event reports one.
+    pub finish_reason: Option<Cow<'a, str>>,
+    /// An error reported inside the response (an error event in a 200 stream, or an error body).
+    pub error: bool,
+    /// The API's terminal event: `[DONE]`, `response.completed` (and the other final
+    /// `response.*` events), `message_stop`. After it, a client that closes has all it asked for.
+    pub end: bool,
+    /// An event that only carries usage (chat's `"choices": []` event): the one the proxy removes
+    /// when it asked for usage itself.
+    pub usage_only: bool,
+    /// vLLM's per-request timings, when the upstream attaches them.
+    pub server_timings: Option<ServerTimings>,
+}
+
+/// One generation API's reader.
+///
+/// Implementations must not allocate for the common events of a stream: `event` runs once per
+/// SSE event on the data path.
+pub trait Dialect: Send + Sync + 'static {
+    /// Which API this is.
+    fn api(&self) -> Api;
+
+    /// Whether `path` (any `/u/<name>` prefix removed, no query) is this API's generation route.
+    fn matches(&self, path: &str) -> bool;
+
+    /// How a stream of this API gets its usage.
+    fn stream_usage(&self) -> StreamUsage;
+
+    /// Reads one SSE event's data (the data lines joined; comments never reach here).
+    fn event<'a>(&self, data: &'a [u8]) -> Option<EventSummary<'a>>;
+
+    /// Reads a whole non-streamed JSON body.
+    fn body<'a>(&self, body: &'a [u8]) -> Option<EventSummary<'a>>;
+
+    // Where non-streamed TTFT (#15) plugs in: a dialect that can turn a non-streamed request into
+    // a stream also folds the stream's events back into the exact non-streamed body; that step
+    // belongs here, next to `event` and `body`, as one more method with a default of "cannot".
+}
+
+/// The generation API `path` belongs to (any `/u/<name>` prefix removed; a query is ignored).
+/// Other routes, `/v1/messages/count_tokens` and `/v1/models` among them, are `None`: logged, never
+/// counted as generation.
+pub fn detect(path: &str) -> Option<Api> {
+    let path = path.split('?').next().unwrap_or(path);
+    DIALECTS.iter().find(|d| d.matches(path)).map(|d| d.api())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_detected() {
+        assert_eq!(detect("/v1/chat/completions"), Some(Api::Chat));
+        assert_eq!(detect("/base/v1/chat/completions"), Some(Api::Chat));
+        assert_eq!(detect("/v1/completions"), Some(Api::Completions));
+        assert_eq!(detect("/v1/responses"), Some(Api::Responses));
+        assert_eq!(detect("/v1/messages"), Some(Api::Messages));
+        assert_eq!(detect("/v1/messages?beta=true"), Some(Api::Messages));
+        assert_eq!(detect("/v1/messages/count_tokens"), None);
+        assert_eq!(detect("/v1/responses/resp_1"), None);
+        assert_eq!(detect("/v1/models"), None);
+        assert_eq!(detect("/health"), None);
+        assert_eq!(detect("/v1/xmessages"), None);
+        for api in Api::ALL {
+            assert_eq!(api.dialect().api(), api);
+        }
+        assert_eq!(DIALECTS.len(), Api::ALL.len());
+    }
+}
