@@ -1,6 +1,9 @@
 //! `analyze` over a deterministic synthetic log (100,000 lines, about 74 MB); the 1M-line timing
 //! is the ignored test `analyze_timing`.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::BufWriter;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -20,7 +23,7 @@ fn bench_analyze(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(bytes));
     let inputs = [path.clone()];
     g.bench_function("100k_lines", |b| {
-        b.iter(|| analyze(&inputs, &AnalyzeOptions::default()).expect("analyze"))
+        b.iter(|| analyze(&inputs, &AnalyzeOptions::default()).expect("analyze"));
     });
     g.finish();
     let _ = std::fs::remove_file(&path);

@@ -1,6 +1,9 @@
 //! Meter costs: `MeterHandle::tokens` per chunk (alone and with two threads contending) and a
 //! `/stats` snapshot with 1,000 users.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,7 +51,7 @@ fn bench_tokens(c: &mut Criterion) {
             let d = start.elapsed();
             drain(&rt, &h);
             d
-        })
+        });
     });
     c.bench_function("handle.tokens per chunk, 2 threads contending", |b| {
         b.iter_custom(|iters| {
@@ -66,7 +69,7 @@ fn bench_tokens(c: &mut Criterion) {
             let d = start.elapsed();
             drain(&rt, &h);
             d
-        })
+        });
     });
 }
 
@@ -92,14 +95,14 @@ fn bench_snapshot(c: &mut Criterion) {
     let now = T0 + 600 * NANOS_PER_SEC;
     let q = SnapshotQuery::default();
     c.bench_function("snapshot, 1000 users", |b| {
-        b.iter(|| m.snapshot(now, &q).unwrap())
+        b.iter(|| m.snapshot(now, &q).unwrap());
     });
     c.bench_function("snapshot + JSON, 1000 users", |b| {
         b.iter(|| {
             serde_json::to_vec(&m.snapshot(now, &q).unwrap())
                 .unwrap()
                 .len()
-        })
+        });
     });
 }
 

@@ -4,6 +4,9 @@
 //! The harness starts its own processes (simulator, two tokenmeter instances, nginx) on loopback so it
 //! can restart the simulator at a slower pace for the ramp, and kills every child on exit.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "overhead/client.rs"]
 mod client;
 #[path = "overhead/phases.rs"]
@@ -154,18 +157,17 @@ fn parse_opts() -> anyhow::Result<Opts> {
 
 /// Raises the soft open-files limit to the hard one (children inherit it) and returns it.
 fn raise_nofile() -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain getrlimit/setrlimit on a struct we own; children inherit the raised soft limit.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
-            r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        }
-    }
-    r.rlim_cur
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    // `None` is "unlimited", RLIM_INFINITY.
+    let hard = getrlimit(Resource::Nofile).maximum;
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: hard,
+            maximum: hard,
+        },
+    );
+    hard.unwrap_or(u64::MAX)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -228,7 +230,7 @@ fn main() -> anyhow::Result<()> {
         res.insert("ramp".into(), rt.block_on(phases::ramp(&env, &o)));
     }
     let meta = serde_json::json!({
-        "date_utc": report::now_utc(), "nproc": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "date_utc": report::now_utc(), "nproc": std::thread::available_parallelism().map(std::num::NonZero::get).unwrap_or(0),
         "loadavg_before": load_before, "loadavg_after": report::loadavg(), "seconds": started.elapsed().as_secs_f64(),
         "nginx_workers": o.nginx.as_ref().map(|_| o.nginx_workers.clone()), "events_per_request": o.events,
         "gap_ms": o.gap_ms, "nofile_limit": nofile, "ramp_steps": o.ramp, "concurrency": o.concurrency, "rounds": o.rounds, "ttft_rounds": o.ttft_rounds, "tm_env": o.tm_env,

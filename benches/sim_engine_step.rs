@@ -3,6 +3,9 @@
 //! `cargo bench --bench sim_engine_step` — the time per iteration is the engine's own work for one
 //! decode step of N running sequences (token delivery into bounded channels included).
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -44,7 +47,7 @@ fn bench_step(c: &mut Criterion) {
                 for rx in receivers.iter_mut() {
                     while rx.try_recv().is_ok() {}
                 }
-            })
+            });
         });
     }
     group.finish();

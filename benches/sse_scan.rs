@@ -1,6 +1,9 @@
 //! SSE scanning and event summarizing on recorded vLLM streams, and access-log line encoding.
 //! Run: cargo bench --bench sse_scan
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tokenmeter::dialect::Api;
 use tokenmeter::openai::summarize;
@@ -52,7 +55,7 @@ fn scan(c: &mut Criterion) {
                     s.feed(f, |e| n += e.data.len());
                 }
                 n
-            })
+            });
         });
         g.bench_with_input(
             BenchmarkId::new("scan_and_summarize", name),
@@ -69,7 +72,7 @@ fn scan(c: &mut Criterion) {
                         });
                     }
                     tokens
-                })
+                });
             },
         );
         g.throughput(Throughput::Elements(frames.len() as u64));
@@ -90,7 +93,7 @@ fn scan(c: &mut Criterion) {
                         });
                     }
                     tokens
-                })
+                });
             },
         );
         g.bench_with_input(BenchmarkId::new("events", name), &frames, |b, frames| {
@@ -105,7 +108,7 @@ fn scan(c: &mut Criterion) {
                     });
                 }
                 tokens
-            })
+            });
         });
     }
     g.finish();
@@ -136,7 +139,7 @@ fn summary(c: &mut Criterion) {
                     .filter_map(|e| read(e))
                     .map(|s| s.content_choices)
                     .sum::<u32>()
-            })
+            });
         });
     }
     g.finish();
@@ -150,7 +153,7 @@ fn encode(c: &mut Criterion) {
     .unwrap();
     let record: RequestRecord = serde_json::from_str(&line).unwrap();
     c.bench_function("access_log_line_encode", |b| {
-        b.iter(|| record.to_json_line())
+        b.iter(|| record.to_json_line());
     });
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::clock::UnixNanos;
-use crate::proxy::Observer;
+use crate::observe::Observer;
 use crate::record::RequestRecord;
 use crate::scrape::ServerSample;
 
@@ -80,15 +80,22 @@ impl Observer for AccessLogSink {
 
     fn tokens(&self, _: u64, _: UnixNanos, _: u64) {}
 
-    fn finished(&self, _: UnixNanos, record: &Arc<RequestRecord>, _: bool) {
+    fn finished(&self, _: u64, _: UnixNanos, record: &Arc<RequestRecord>, _: bool) {
         self.send(LogLine::Request(record.clone()));
     }
 }
 
-/// Control of the writer task.
+/// The writer's thread: the switch that stops it, word that it finished, the thread to join.
+type WriterThread = (
+    oneshot::Sender<()>,
+    oneshot::Receiver<()>,
+    std::thread::JoinHandle<()>,
+);
+
+/// Control of the writer.
 pub struct AccessLogWriter {
     reopen: Arc<Notify>,
-    close: std::sync::Mutex<Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>>,
+    close: std::sync::Mutex<Option<WriterThread>>,
     counters: Arc<AccessLogCounters>,
 }
 
@@ -103,17 +110,21 @@ impl AccessLogWriter {
         self.counters.clone()
     }
 
-    /// Stops taking records, writes what is queued, flushes, and waits for the task (once).
+    /// Stops taking records, writes what is queued, flushes, and joins the writer thread (once).
     pub async fn close(&self) {
         let pending = self.close.lock().ok().and_then(|mut c| c.take());
-        if let Some((stop, task)) = pending {
+        if let Some((stop, finished, thread)) = pending {
             let _ = stop.send(());
-            let _ = task.await;
+            let _ = finished.await;
+            // It sent `finished` as its last act, so this returns at once.
+            let _ = thread.join();
         }
     }
 }
 
-/// Opens `path` for appending (created if missing) and starts the writer task.
+/// Opens `path` for appending (created if missing) and starts the writer on a thread of its own:
+/// its file writes block, and must not stall a runtime's worker thread (the accept loop and the
+/// scraper run on the caller's runtime).
 pub fn spawn(
     path: &Path,
     queue: usize,
@@ -123,14 +134,22 @@ pub fn spawn(
     let (tx, rx) = mpsc::channel(queue);
     let reopen = Arc::new(Notify::new());
     let (close_tx, close_rx) = oneshot::channel();
-    let task = tokio::spawn(write_loop(
+    let (finished_tx, finished) = oneshot::channel();
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let writer = write_loop(
         path.to_path_buf(),
         file,
         rx,
         reopen.clone(),
         close_rx,
         counters.clone(),
-    ));
+    );
+    let thread = std::thread::Builder::new()
+        .name("tokenmeter-log".into())
+        .spawn(move || {
+            runtime.block_on(writer);
+            let _ = finished_tx.send(());
+        })?;
     Ok((
         AccessLogSink {
             tx,
@@ -138,7 +157,7 @@ pub fn spawn(
         },
         AccessLogWriter {
             reopen,
-            close: std::sync::Mutex::new(Some((close_tx, task))),
+            close: std::sync::Mutex::new(Some((close_tx, finished, thread))),
             counters,
         },
     ))
@@ -169,7 +188,7 @@ impl Output {
             Some(Ok(())) => self.unflushed += 1,
             Some(Err(e)) => {
                 let lost = self.unflushed + 1;
-                self.fail(&e, lost)
+                self.fail(&e, lost);
             }
             None => self.lose(1),
         }

@@ -59,6 +59,25 @@ impl Default for Clock {
     }
 }
 
+/// `CLOCK_MONOTONIC` now, in nanoseconds: unlike an [`Instant`], comparable across processes on
+/// the same host (the simulator stamps `tm_sent_ns` with it; the overhead bench reads it too).
+/// 0 if the call fails.
+#[allow(unsafe_code)] // the crate's one `unsafe`, wrapped here so no caller needs it
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `clock_gettime` only writes a `timespec` through the pointer, and `ts` is a live,
+    // properly aligned `timespec` owned by this frame for the whole call; CLOCK_MONOTONIC exists
+    // on every Linux kernel, and a failure is reported through `rc`, not undefined behaviour.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec).unwrap_or(0) * NANOS_PER_SEC + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
 /// Formats `ns` as RFC 3339 UTC with microseconds, e.g. `2026-11-29T18:27:33.123456Z`.
 pub fn format_rfc3339_micros(ns: UnixNanos) -> String {
     let secs = (ns / NANOS_PER_SEC) as i64;

@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
+use crate::fleet::settings::{ResolvedUpstream, RoutingConfig, UpstreamConfig};
 use crate::record::UserSource;
 
 /// Environment variables with this prefix override config keys (`__` separates nesting levels).
@@ -120,58 +120,6 @@ impl Default for ServeConfig {
     }
 }
 
-/// One named upstream replica.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UpstreamConfig {
-    /// Name shown in the access log (`upstream`), `/stats` and the `upstream` metric label.
-    pub name: String,
-    /// Base URL (`http://host:port[/base]`).
-    pub url: String,
-    /// This replica's `/metrics` for the cross-check; overrides `upstream_metrics_url` (same
-    /// values: `""` = off, `"auto"`, or an `http://` URL).
-    #[serde(default)]
-    pub metrics_url: Option<String>,
-}
-
-/// Routing over several upstreams.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RoutingConfig {
-    /// Seconds between two reads of each upstream's `/v1/models` (0 = never: every upstream
-    /// serves every model).
-    pub models_refresh_s: f64,
-    /// First ejection of a failing upstream, milliseconds; each further failure in a row doubles it.
-    pub eject_base_ms: u64,
-    /// Longest ejection, milliseconds.
-    pub eject_max_ms: u64,
-}
-
-impl Default for RoutingConfig {
-    fn default() -> Self {
-        RoutingConfig {
-            models_refresh_s: 30.0,
-            eject_base_ms: 1_000,
-            eject_max_ms: 30_000,
-        }
-    }
-}
-
-/// An upstream as the proxy uses it: validated URL pieces and the scrape target.
-#[derive(Debug, Clone)]
-pub struct ResolvedUpstream {
-    /// Its name.
-    pub name: String,
-    /// Its configured URL, as written.
-    pub url: String,
-    /// `http://host:port[/base]`, without a trailing slash.
-    pub base: String,
-    /// `host:port`, sent as `Host`.
-    pub authority: String,
-    /// Its `/metrics` to scrape, when the cross-check is on for it.
-    pub metrics: Option<http::Uri>,
-}
-
 /// Timeouts, in milliseconds. Defaults never cut a long generation or a long queue wait.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -201,13 +149,6 @@ impl Default for Timeouts {
             body_idle_ms: 900_000,
             pool_idle_ms: 90_000,
         }
-    }
-}
-
-impl Timeouts {
-    /// `ms` as a duration.
-    pub fn dur(ms: u64) -> Duration {
-        Duration::from_millis(ms)
     }
 }
 

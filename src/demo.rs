@@ -143,7 +143,10 @@ async fn report_every_10s(meter: crate::meter::MeterHandle) {
             } else {
                 ""
             },
-            v["users"].as_object().map(|u| u.len()).unwrap_or(0),
+            v["users"]
+                .as_object()
+                .map(serde_json::Map::len)
+                .unwrap_or(0),
         );
     }
 }

@@ -1,7 +1,43 @@
 //! Errors the proxy answers itself, as OpenAI-shaped JSON with the right status.
+//!
+//! This module owns the error vocabulary of everything the proxy writes itself (its own errors
+//! and `/stats*`): vLLM's shape, `{"error":{"message","type","param","code"}}`, with `type` one
+//! of the [`kind`] names and `code` the HTTP status as a number, as vLLM sends them. A client then
+//! reads one vocabulary whether vLLM or the proxy answered.
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::StatusCode;
+
+/// The `type` names, vLLM's.
+pub mod kind {
+    /// 400.
+    pub const BAD_REQUEST: &str = "BadRequestError";
+    /// 401.
+    pub const AUTHENTICATION: &str = "AuthenticationError";
+    /// 408.
+    pub const REQUEST_TIMEOUT: &str = "RequestTimeoutError";
+    /// 413.
+    pub const REQUEST_TOO_LARGE: &str = "RequestTooLargeError";
+    /// 502.
+    pub const BAD_GATEWAY: &str = "BadGatewayError";
+    /// 503.
+    pub const SERVICE_UNAVAILABLE: &str = "ServiceUnavailableError";
+    /// 504.
+    pub const GATEWAY_TIMEOUT: &str = "GatewayTimeoutError";
+}
+
+/// The error body: `{"error":{"message","type","param","code"}}` with `code` the status number.
+pub fn error_body(status: StatusCode, kind: &str, message: &str, param: Option<&str>) -> Bytes {
+    let v = serde_json::json!({
+        "error": {
+            "message": message,
+            "type": kind,
+            "param": param,
+            "code": status.as_u16(),
+        }
+    });
+    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+}
 
 /// Whose fault an error is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +69,7 @@ impl ProxyError {
         Self::new(
             StatusCode::BAD_REQUEST,
             Fault::Client,
-            "BadRequestError",
+            kind::BAD_REQUEST,
             message,
         )
     }
@@ -43,7 +79,7 @@ impl ProxyError {
         Self::new(
             StatusCode::UNAUTHORIZED,
             Fault::Client,
-            "AuthenticationError",
+            kind::AUTHENTICATION,
             "Invalid or missing API key.",
         )
     }
@@ -53,7 +89,7 @@ impl ProxyError {
         Self::new(
             StatusCode::REQUEST_TIMEOUT,
             Fault::Client,
-            "RequestTimeoutError",
+            kind::REQUEST_TIMEOUT,
             "The request body was not received in time.",
         )
     }
@@ -63,7 +99,7 @@ impl ProxyError {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             Fault::Client,
-            "RequestTooLargeError",
+            kind::REQUEST_TOO_LARGE,
             format!("The request body exceeds the limit of {limit} bytes."),
         )
     }
@@ -73,7 +109,7 @@ impl ProxyError {
         Self::new(
             StatusCode::BAD_GATEWAY,
             Fault::Upstream,
-            "BadGatewayError",
+            kind::BAD_GATEWAY,
             format!("The inference server is unavailable: {cause}."),
         )
     }
@@ -83,7 +119,7 @@ impl ProxyError {
         Self::new(
             StatusCode::GATEWAY_TIMEOUT,
             Fault::Upstream,
-            "GatewayTimeoutError",
+            kind::GATEWAY_TIMEOUT,
             format!("The inference server did not answer in time ({what})."),
         )
     }
@@ -103,29 +139,9 @@ impl ProxyError {
         }
     }
 
-    /// The JSON body: `{"error":{"message","type","param","code"}}`.
+    /// The JSON body ([`error_body`]).
     pub fn body(&self) -> Bytes {
-        let v = serde_json::json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.status.as_u16(),
-            }
-        });
-        Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
-    }
-
-    /// The full response.
-    pub fn response<B: From<Bytes>>(&self) -> Response<B> {
-        let body = self.body();
-        let mut r = Response::new(B::from(body));
-        *r.status_mut() = self.status;
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        r
+        error_body(self.status, self.kind, &self.message, self.param)
     }
 }
 

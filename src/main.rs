@@ -1,3 +1,5 @@
+//! The `tokenmeter` binary: parses the command line and hands each subcommand to the library.
+
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 

@@ -23,7 +23,7 @@ use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig, WithHttpCon
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 
 use crate::clock::UnixNanos;
-use crate::proxy::Observer;
+use crate::observe::Observer;
 use crate::record::RequestRecord;
 
 /// Records queued for the recording thread before new ones are dropped (and counted).
@@ -210,7 +210,7 @@ impl OtlpExport {
             Ok(tx) => match tx.as_ref() {
                 Some(tx) => !matches!(
                     tx.try_send(record.clone()),
-                    Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_))
+                    Err(TrySendError::Full(_) | TrySendError::Disconnected(_))
                 ),
                 None => false,
             },
@@ -227,7 +227,7 @@ impl Observer for OtlpExport {
 
     fn tokens(&self, _: u64, _: UnixNanos, _: u64) {}
 
-    fn finished(&self, _: UnixNanos, record: &Arc<RequestRecord>, _metered: bool) {
+    fn finished(&self, _: u64, _: UnixNanos, record: &Arc<RequestRecord>, _metered: bool) {
         if record.is_generation() {
             self.offer(record);
         }

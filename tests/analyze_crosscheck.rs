@@ -2,6 +2,9 @@
 //! the proxy) with `server_sample` lines every 10 s whose counter matches the proxy in the first
 //! two phases and runs 10 % ahead in the third (traffic bypassing the proxy).
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod analyze_support;
 mod common;
 

@@ -5,6 +5,9 @@
 //! schedule (on a starved CPU it slips and the configured rate is not reached).
 //! Real time: about 8 s (one phase at N = 1, one at N = 4, each ~3.5 s).
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

@@ -1,5 +1,8 @@
 //! Inputs: malformed lines, gzip, several files in any order, stdin-like spooling, filters.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod analyze_support;
 
 use std::io::Write;

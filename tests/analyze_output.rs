@@ -1,6 +1,9 @@
 //! Outputs: SVG plots parse as XML with one series element per line, `--json` matches the
 //! committed schema, the binary prints the tables and writes the files.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod analyze_support;
 
 use std::path::PathBuf;
@@ -234,4 +237,72 @@ fn html_escapes_every_cell() {
     for row in table.split("<tr>").skip(2) {
         assert_eq!(row.matches("<td>").count(), 6, "{row}");
     }
+}
+
+#[test]
+fn per_api_table_counts_every_api_and_reads_old_lines_by_path() {
+    use tokenmeter::analyze::synth::{record, T0};
+    use tokenmeter::dialect::Api;
+    let dir = TempDir::new("apis");
+    let path = dir.path("apis.jsonl");
+    let mut log = Vec::new();
+    let cases = [
+        (Some(Api::Messages), "/v1/messages", 30u64),
+        (Some(Api::Messages), "/v1/messages", 10),
+        (Some(Api::Responses), "/v1/responses", 20),
+        (None, "/v1/chat/completions", 40),
+        (None, "/v1/messages/count_tokens", 0),
+    ];
+    for (i, (api, p, tokens)) in cases.into_iter().enumerate() {
+        let mut r = record(
+            T0 + i as u64 * 1_000_000_000,
+            500.0,
+            Some(50.0),
+            tokens,
+            true,
+            "u",
+        );
+        r.api = api;
+        r.path = p.into();
+        let mut v = serde_json::to_value(&r).unwrap();
+        if api.is_none() {
+            // A line written before the `api` field existed.
+            v.as_object_mut().unwrap().remove("api");
+        }
+        log.extend_from_slice(format!("{v}\n").as_bytes());
+    }
+    std::fs::write(&path, &log).unwrap();
+    let r = analyze(std::slice::from_ref(&path), &AnalyzeOptions::default()).unwrap();
+    let v = serde_json::to_value(&r).unwrap();
+    validate(&v);
+    let rows: Vec<(String, u64, u64)> = v["apis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["api"].as_str().unwrap().to_string(),
+                a["requests"].as_u64().unwrap(),
+                a["completion_tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("chat".to_string(), 1, 40),
+            ("responses".to_string(), 1, 20),
+            ("messages".to_string(), 2, 40)
+        ]
+    );
+    assert_eq!(v["apis"][2]["share_pct"], 40.0);
+    assert_eq!(v["summary"]["generation_requests"], 4);
+    let out = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .arg("analyze")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("## Per API"), "{text}");
+    assert!(text.contains("| messages "), "{text}");
 }

@@ -1,5 +1,8 @@
 //! The report of a synthetic log with known steady segments reproduces the known numbers.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod analyze_support;
 
 use analyze_support::{close, lines_of, write, TempDir};

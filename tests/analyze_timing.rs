@@ -1,6 +1,9 @@
 //! One timed run over 1,000,000 synthetic lines (release mode: the target is under 5 s).
 //! Ignored by default: `cargo test --release --test analyze_timing -- --ignored --nocapture`.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod analyze_support;
 
 use std::io::BufWriter;

@@ -2,6 +2,9 @@
 //! (embedded ClickHouse). Needs a Python with chdb: `scripts/clickhouse.sh` makes one in a venv
 //! and runs this test with `TOKENMETER_CHDB_PYTHON` pointing at it (as `.ci/run` does).
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 
 use tokenmeter::analyze::{analyze, synth, AnalyzeOptions};

@@ -3,6 +3,9 @@
 //! replica stopped mid-run: its streams are cut (`upstream_aborted`, never retried) and new
 //! requests all succeed on the other.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::net::SocketAddr;
@@ -10,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use tokenmeter::clock::{Clock, NANOS_PER_SEC};
-use tokenmeter::config::UpstreamConfig;
+use tokenmeter::fleet::settings::UpstreamConfig;
 use tokenmeter::sim::{SimConfig, SimHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -2,6 +2,9 @@
 //! two replicas: the records merge as one fleet (same report as one log holding every line in
 //! arrival order), and the per-upstream capacity tables count each replica's requests.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::net::SocketAddr;
@@ -9,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use tokenmeter::analyze::{analyze, AnalyzeOptions};
-use tokenmeter::config::UpstreamConfig;
+use tokenmeter::fleet::settings::UpstreamConfig;
 use tokenmeter::sim::SimConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

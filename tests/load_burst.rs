@@ -1,5 +1,8 @@
 //! The burst sweep against a fake server with known per-token timing.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod load_support;
 
 use std::collections::HashSet;

@@ -1,5 +1,8 @@
 //! `tokenmeter load` as a process: argument parsing, JSON on stdout, tables, exit codes.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod load_support;
 
 use load_support::{spawn, FakeConfig, FAKE_MODEL};
@@ -8,6 +11,8 @@ async fn tokenmeter(args: &[&str]) -> std::process::Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
         .args(args)
         .env_remove("TOKENMETER_API_KEY")
+        // A test that panics while waiting must not leave the process running.
+        .kill_on_drop(true)
         .output()
         .await
         .expect("spawn tokenmeter")

@@ -1,5 +1,8 @@
 //! The client against byte-exact recorded vLLM responses (chunked encoding included).
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 

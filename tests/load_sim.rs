@@ -1,5 +1,8 @@
 //! The burst sweep against the built-in simulator reproduces its per-request decode rates.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use tokenmeter::load::{run, LoadOptions, ProgressEvent};

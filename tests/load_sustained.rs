@@ -1,5 +1,8 @@
 //! The sustained method against the fake server.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod load_support;
 
 use std::sync::atomic::Ordering;

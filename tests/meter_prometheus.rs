@@ -1,5 +1,8 @@
 //! Prometheus exposition: well-formed lines, monotonic counters, cumulative histograms.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod meter_support;
 
 use std::collections::BTreeMap;
@@ -105,19 +108,19 @@ fn exposition_parses_counters_grow_and_histograms_are_cumulative() {
     finish(&mut m, 3, 3.0, "qwen \"7b\"", "a", Outcome::Ok, 700_000.0);
     let first = parse(&m.prometheus(at(800.0)));
     assert_eq!(
-        first["tokenmeter_requests_total{model=\"llama\",outcome=\"ok\"}"],
+        first["tokenmeter_requests_total{model=\"llama\",api=\"chat\",outcome=\"ok\"}"],
         1.0
     );
     assert_eq!(
-        first["tokenmeter_requests_total{model=\"llama\",outcome=\"upstream_error\"}"],
+        first["tokenmeter_requests_total{model=\"llama\",api=\"chat\",outcome=\"upstream_error\"}"],
         1.0
     );
     assert_eq!(
-        first["tokenmeter_completion_tokens_total{model=\"llama\"}"],
+        first["tokenmeter_completion_tokens_total{model=\"llama\",api=\"chat\"}"],
         40.0
     );
     assert_eq!(
-        first["tokenmeter_prompt_tokens_total{model=\"qwen \\\"7b\\\"\"}"],
+        first["tokenmeter_prompt_tokens_total{model=\"qwen \\\"7b\\\"\",api=\"chat\"}"],
         5.0
     );
     assert_eq!(first["tokenmeter_requests_in_flight"], 0.0);
@@ -159,7 +162,7 @@ fn exposition_parses_counters_grow_and_histograms_are_cumulative() {
         }
     }
     assert_eq!(
-        second["tokenmeter_requests_total{model=\"llama\",outcome=\"ok\"}"],
+        second["tokenmeter_requests_total{model=\"llama\",api=\"chat\",outcome=\"ok\"}"],
         2.0
     );
     assert_eq!(second["tokenmeter_requests_in_flight"], 1.0);
@@ -195,10 +198,71 @@ fn user_label_is_opt_in_and_capped() {
         .collect();
     assert_eq!(users.into_iter().collect::<Vec<_>>(), ["a", "b", "other"]);
     assert_eq!(
-        s["tokenmeter_requests_total{model=\"llama\",user=\"other\",outcome=\"ok\"}"],
+        s["tokenmeter_requests_total{model=\"llama\",api=\"chat\",user=\"other\",outcome=\"ok\"}"],
         2.0
     );
     assert!(!s
         .keys()
         .any(|k| k.contains("_bucket") && k.contains("user=")));
+}
+
+#[test]
+fn api_label_and_itl_histogram_with_vllm_bounds() {
+    use tokenmeter::dialect::Api;
+    use tokenmeter::itl::{ItlHistogram, VLLM_ITL_BOUNDS_S};
+    let mut m = Meter::new(MeterConfig::default(), T0);
+    // Request 1 (messages): gaps of 5, 20 and 30 ms; request 2 (responses): one gap of 2 s.
+    for (id, api, gaps_ms) in [
+        (1u64, Api::Messages, &[5.0, 20.0, 30.0][..]),
+        (2, Api::Responses, &[2000.0][..]),
+    ] {
+        m.request_started(at(1.0), id, "u", Some("m"));
+        let mut r = record(at(1.0), 3000.0, Some(10.0), Some(4), Some(2), true);
+        r.request_id = format!("tm-1-{id:x}");
+        r.model = Some("m".into());
+        r.api = Some(api);
+        r.path = if api == Api::Messages {
+            "/v1/messages".into()
+        } else {
+            "/v1/responses".into()
+        };
+        let mut h = ItlHistogram::default();
+        for g in gaps_ms {
+            h.record((g * 1e6) as u64);
+        }
+        r.itl = Some(Box::new(h));
+        m.request_finished(at(4.0), &r);
+    }
+    let s = parse(&m.prometheus(at(10.0)));
+    assert_eq!(
+        s["tokenmeter_requests_total{model=\"m\",api=\"messages\",outcome=\"ok\"}"],
+        1.0
+    );
+    assert_eq!(
+        s["tokenmeter_completion_tokens_total{model=\"m\",api=\"responses\"}"],
+        4.0
+    );
+    assert!(!s.keys().any(|k| k.contains("api=\"chat\"")));
+    let name = "tokenmeter_inter_token_latency_seconds";
+    let bucket = |le: &str| s[&format!("{name}_bucket{{model=\"m\",le=\"{le}\"}}")];
+    // Exactly vLLM's bounds, cumulative: 5 ms <= 0.01; 20 ms <= 0.025; 30 ms <= 0.05; 2 s <= 2.5.
+    let les: Vec<String> = VLLM_ITL_BOUNDS_S.iter().map(ToString::to_string).collect();
+    assert_eq!(les.len(), 19);
+    assert_eq!(bucket("0.01"), 1.0);
+    assert_eq!(bucket("0.025"), 2.0);
+    assert_eq!(bucket("0.05"), 3.0);
+    assert_eq!(bucket("1"), 3.0);
+    assert_eq!(bucket("2.5"), 4.0);
+    assert_eq!(bucket("80"), 4.0);
+    assert_eq!(bucket("+Inf"), 4.0);
+    assert_eq!(s[&format!("{name}_count{{model=\"m\"}}")], 4.0);
+    assert!((s[&format!("{name}_sum{{model=\"m\"}}")] - 2.055).abs() < 1e-9);
+    // The window's ITL percentiles cover every gap of both requests.
+    let snap = m
+        .snapshot(at(10.5), &tokenmeter::meter::SnapshotQuery::default())
+        .unwrap();
+    let w = snap.windows.get("10s").unwrap();
+    let (p50, p99) = (w.itl_ms.p50.unwrap(), w.itl_ms.p99.unwrap());
+    assert!((p50 / 20.0 - 1.0).abs() < 0.05, "{p50}");
+    assert!((p99 / 2000.0 - 1.0).abs() < 0.05, "{p99}");
 }

@@ -1,5 +1,8 @@
 //! Property tests of the pure pieces against direct computations.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use proptest::prelude::*;
 use tokenmeter::meter::histogram::LogHistogram;
 use tokenmeter::meter::timeline::spread;

@@ -1,5 +1,8 @@
 //! The shared pure pieces: attribution, in-flight integration, capacity curve from a replay.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod meter_support;
 
 use std::collections::BTreeMap;
@@ -7,10 +10,9 @@ use std::collections::BTreeMap;
 use meter_support::{at, close, record, T0};
 use tokenmeter::clock::NANOS_PER_SEC;
 use tokenmeter::meter::capacity::{CapacityAccumulator, RequestLevel};
+use tokenmeter::meter::inflight::InFlightIntegrator;
 use tokenmeter::meter::replay::Timeline;
-use tokenmeter::meter::timeline::{
-    attribute_finish, attribute_record, spread, InFlightIntegrator, SecondBucket,
-};
+use tokenmeter::meter::timeline::{attribute_finish, attribute_record, spread, SecondBucket};
 
 const S0: u64 = T0 / NANOS_PER_SEC;
 
@@ -74,8 +76,8 @@ fn in_flight_integration_reports_min_max_mean_and_steady() {
     let mut integ = InFlightIntegrator::new();
     let mut go = |integ: &mut InFlightIntegrator, t: f64, d: i32| {
         integ.change(at(t), d, 0, &mut |s, l, ns| {
-            secs.entry(s - S0).or_default().observe_level(l, ns)
-        })
+            secs.entry(s - S0).or_default().observe_level(l, ns);
+        });
     };
     go(&mut integ, 0.0, 1);
     go(&mut integ, 2.25, 1); // level 2 from 2.25

@@ -5,6 +5,9 @@
 //! the closing note (two identical runs, client-side aggregate beside): run it with
 //! `cargo test --release --test meter_vs_sim -- --ignored --nocapture`.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -118,6 +121,20 @@ async fn window_pair(rig: &Rig) -> (f64, bool, f64, u64) {
     )
 }
 
+/// Waits until `n` streams have received their first token; a stuck start fails the test within
+/// 30 s instead of hanging it.
+async fn wait_for_streams(rig: &Rig, n: u64) {
+    let limit = Instant::now() + Duration::from_secs(30);
+    while rig.started.load(Ordering::Relaxed) < n {
+        assert!(
+            Instant::now() < limit,
+            "only {} of {n} streams started within 30 s",
+            rig.started.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn wait_into_next_second(margin_ms: u64) {
     let now = Clock::global().now();
     let into = now % NANOS_PER_SEC;
@@ -132,9 +149,7 @@ async fn a_steady_window_matches_the_simulator_within_one_percent() {
     let rig = rig().await;
     let deadline = Instant::now() + Duration::from_secs(30);
     let tasks = hold_streams(&rig, 16, 2000, deadline);
-    while rig.started.load(Ordering::Relaxed) < 16 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_streams(&rig, 16).await;
     // Eleven more seconds: the last complete 10 s window has 16 in flight throughout.
     wait_into_next_second(0).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -166,9 +181,7 @@ async fn sixty_seconds_twice_windows_vs_client_aggregate() {
         let t0 = Instant::now();
         let deadline = t0 + Duration::from_secs(75);
         let tasks = hold_streams(&rig, 16, 1500, deadline);
-        while rig.started.load(Ordering::Relaxed) < 16 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_streams(&rig, 16).await;
         let mut rows = Vec::new();
         for _ in 0..6 {
             wait_into_next_second(0).await;

@@ -1,5 +1,8 @@
 //! The pure `Meter` on injected time: window sums, steadiness, attribution, scopes.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod meter_support;
 
 use meter_support::{at, close, record, T0};

@@ -2,6 +2,9 @@
 //! `POST /v1/metrics` with the official protobuf definitions (opentelemetry-proto). Names, units
 //! and the exported token sums must equal the access log's; a down collector costs only counts.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::net::SocketAddr;
@@ -238,7 +241,7 @@ async fn a_down_collector_costs_only_counted_failures() {
 #[test]
 #[ignore = "measurement for the closing note: cargo test --release --test otlp -- --ignored --nocapture"]
 fn overhead_per_request() {
-    use tokenmeter::proxy::Observer;
+    use tokenmeter::observe::Observer;
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -263,7 +266,7 @@ fn overhead_per_request() {
             .unwrap();
     let t = std::time::Instant::now();
     for r in &records {
-        export.finished(0, r, true);
+        export.finished(0, 0, r, true);
     }
     let data_path = t.elapsed();
     export.shutdown();

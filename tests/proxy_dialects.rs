@@ -3,6 +3,9 @@
 //! own usage; the stream's end is the API's terminal event; `x-api-key` is a key like a bearer
 //! key.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;
@@ -29,7 +32,7 @@ fn event_json(fx: &Fixture) -> Vec<serde_json::Value> {
 
 /// (input, output) tokens a recorded answer reports, read straight from its JSON.
 fn recorded_usage(fx: &Fixture, api: &str) -> (u64, u64) {
-    let u64_at = |v: &serde_json::Value, p: &str| v.pointer(p).and_then(|x| x.as_u64());
+    let u64_at = |v: &serde_json::Value, p: &str| v.pointer(p).and_then(serde_json::Value::as_u64);
     if !fx.is_stream() {
         let v: serde_json::Value = serde_json::from_slice(&fx.body).unwrap();
         return (
@@ -542,4 +545,55 @@ async fn x_api_key_is_attributed_required_replaced_and_never_logged() {
             .count(),
         0
     );
+}
+
+#[tokio::test]
+async fn responses_and_messages_reach_stats_users_and_metrics() {
+    let up = FakeUpstream::start(vec![
+        agents("r02_responses_stream.http").script(Duration::from_millis(2)),
+        agents("m02_messages_stream.http").script(Duration::from_millis(2)),
+        agents("m01_messages_nonstream.http").script(Duration::ZERO),
+    ])
+    .await;
+    let proxy = TestProxy::start(&up.url(), |_| {}).await;
+    for (path, user, stream) in [
+        (RESPONSES, "codex", true),
+        (MESSAGES, "claude", true),
+        (MESSAGES, "claude", false),
+    ] {
+        let body = format!(r#"{{"model":"tiny-llama","stream":{stream}}}"#);
+        let r = raw_request(
+            proxy.addr,
+            &post(path, &body, &[("x-tokenmeter-user", user)]),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let v = raw_request(
+        proxy.addr,
+        b"GET /stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .json();
+    assert_schema("stats.schema.json", &v);
+    assert_eq!(v["totals"]["requests"], 3);
+    assert_eq!(v["totals"]["completion_tokens"], 8 + 8 + 16);
+    assert_eq!(v["totals"]["prompt_tokens"], 12 + 12 + 12);
+    assert_eq!(v["users"]["codex"]["totals"]["completion_tokens"], 8);
+    assert_eq!(v["users"]["claude"]["totals"]["requests"], 2);
+    let metrics = raw_request(
+        proxy.addr,
+        b"GET /stats/metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    let text = String::from_utf8(metrics.body).unwrap();
+    for needle in [
+        "tokenmeter_completion_tokens_total{model=\"tiny-llama\",api=\"responses\"} 8\n",
+        "tokenmeter_completion_tokens_total{model=\"tiny-llama\",api=\"messages\"} 24\n",
+        // One gap in the Responses stream (2 deltas), seven in the Messages stream (8 deltas).
+        "tokenmeter_inter_token_latency_seconds_count{model=\"tiny-llama\"} 8\n",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in {text}");
+    }
+    proxy.stop().await;
 }

@@ -1,5 +1,8 @@
 //! Aborts, limits, hop-by-hop headers, user identification and secrets, over real sockets.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};
@@ -16,9 +19,9 @@ const STREAM_REQ: &str = r#"{"model":"tiny-llama","messages":[{"role":"user","co
 async fn leave_and_expect_upstream_closed(c: TcpStream, rst: bool, up: &mut FakeUpstream) {
     let left = Instant::now();
     if rst {
-        reset(c)
+        reset(c);
     } else {
-        drop(c)
+        drop(c);
     }
     let closed = tokio::time::timeout(Duration::from_secs(2), up.closed.recv())
         .await

@@ -1,5 +1,8 @@
 //! `/stats` on the proxy: fed by real traffic, protected by a token, movable to an admin address.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;
@@ -54,7 +57,7 @@ async fn stats_reflect_traffic_and_validate() {
     .await;
     let text = String::from_utf8(metrics.body).unwrap();
     assert!(
-        text.contains("tokenmeter_completion_tokens_total{model=\"tiny-llama\"} 15"),
+        text.contains("tokenmeter_completion_tokens_total{model=\"tiny-llama\",api=\"chat\"} 15"),
         "{text}"
     );
     proxy.stop().await;

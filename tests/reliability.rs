@@ -1,5 +1,8 @@
 //! Faults a trusted proxy must survive, each proven over real sockets.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

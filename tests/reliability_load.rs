@@ -2,10 +2,13 @@
 //! stalled readers and proxy memory, a 20,000-request burst against the access log, and 2,000
 //! concurrent streams for 60 s against the simulator.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +17,7 @@ use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-fn serve_binary(args: &[&str]) -> (Child, SocketAddr) {
+fn serve_binary(args: &[&str]) -> (ChildGuard, SocketAddr) {
     let (child, addr, _log) = spawn_logged(
         Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
             .args(["serve", "--listen", "127.0.0.1:0"])

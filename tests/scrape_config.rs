@@ -1,5 +1,8 @@
 //! The cross-check's settings: `upstream_metrics_url` schemes, interval and threshold bounds.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use tokenmeter::config::{load, ServeArgs, ServeConfig};
 
 #[test]

@@ -3,6 +3,9 @@
 //! simulator, bypassing the proxy, raises the flag. Also: scraping off, a dead and a silent
 //! `/metrics`, and the `server_sample` log lines against their schema.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 mod scrape_support;
 

@@ -2,6 +2,9 @@
 //! `server` object in a snapshot against the strict stats schema, and `server_sample` lines
 //! sharing the request lines' queue and drop counting.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::Arc;

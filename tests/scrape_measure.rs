@@ -4,6 +4,9 @@
 //! report over the access log. Run with
 //! `cargo test --test scrape_measure -- --ignored --nocapture`.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 mod scrape_support;
 
@@ -103,10 +106,10 @@ async fn measured_run(bypass: usize) -> Vec<serde_json::Value> {
         .filter_map(tokenmeter::scrape::ServerSample::from_json)
         .collect();
     let tl = tokenmeter::meter::replay::Timeline::from_records(&records);
-    let report = tokenmeter::scrape::report::crosscheck_report(&tl, &samples, 10, 5.0);
+    let report = tokenmeter::analyze::crosscheck::crosscheck_report(&tl, &samples, 10, 5.0);
     println!(
         "offline, from the access log (request lines replayed):\n{}",
-        tokenmeter::scrape::report::render_text(&report)
+        tokenmeter::analyze::crosscheck::render_text(&report)
     );
     // The same log through `tokenmeter analyze`: its steady windows beside the server.
     let dir = TempDir::new("xcheck-measure");

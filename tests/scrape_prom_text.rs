@@ -1,6 +1,9 @@
 //! The `/metrics` parser on recorded vLLM expositions, and its tolerance of what real servers do:
 //! counter resets, missing and renamed series, garbage.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use tokenmeter::scrape::crosscheck::increase;
 use tokenmeter::scrape::prom_text::{extract, parse};
 use tokenmeter::scrape::VllmValues;

@@ -1,15 +1,18 @@
 //! The offline cross-check (`analyze`'s part) on a hand-made timeline with a known answer, and
 //! on a real access log written by the proxy in front of the simulator.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::*;
+use tokenmeter::analyze::crosscheck::{crosscheck_report, render_text};
 use tokenmeter::clock::NANOS_PER_SEC;
 use tokenmeter::meter::replay::Timeline;
 use tokenmeter::record::RequestRecord;
-use tokenmeter::scrape::report::{crosscheck_report, render_text};
 use tokenmeter::scrape::{ServerSample, VllmValues};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -202,7 +205,7 @@ async fn wait_log(
 
 #[test]
 fn rows_for_externally_found_spans() {
-    use tokenmeter::scrape::report::{pro_rata_over, rows_for_spans, SteadySpan};
+    use tokenmeter::analyze::crosscheck::{pro_rata_over, rows_for_spans, SteadySpan};
     // 100 proxy tokens a second over seconds 100..110; the server counts 105 a second.
     let seconds: Vec<(u64, f64)> = (100..110).map(|s| (s, 100.0)).collect();
     let samples: Vec<ServerSample> = (0..10)

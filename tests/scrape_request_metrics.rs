@@ -2,6 +2,9 @@
 //! access log as `server_queue_ms`, `server_ttft_ms`, `server_mean_itl_ms` — from non-streamed
 //! bodies and from the final usage event of streams — while the client's bytes stay unchanged.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

@@ -1,12 +1,15 @@
 //! The `server` object computed from hand-made samples and proxy seconds, against values worked
 //! out by hand; and the `server_sample` log line against its schema.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::assert_schema;
 use tokenmeter::clock::NANOS_PER_SEC;
+use tokenmeter::meter::ring::proxy_tokens;
 use tokenmeter::meter::ring::Ring;
-use tokenmeter::scrape::crosscheck::proxy_tokens;
 use tokenmeter::scrape::{HistogramValues, ServerSample, ServerTrack, VllmValues};
 
 const S: u64 = NANOS_PER_SEC;

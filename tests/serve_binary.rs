@@ -1,5 +1,8 @@
 //! The real binary: config checks, the "listening on" line, SIGHUP reopen and SIGTERM drain.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::process::{Child, Command};
@@ -17,7 +20,7 @@ fn tokenmeter() -> Command {
 fn start_serve(
     args: &[&str],
 ) -> (
-    Child,
+    ChildGuard,
     std::net::SocketAddr,
     std::sync::mpsc::Receiver<String>,
 ) {

@@ -1,5 +1,8 @@
 //! Configuration: TOML fields with units in their names, unknown fields rejected, flags override.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use clap::Parser;
 use tokenmeter::sim::{SimArgs, SimConfig};
 

@@ -1,6 +1,9 @@
 //! The running simulator over real sockets: decode rates per concurrency level against the step
 //! formula, exact token accounting, aborts, FIFO queueing, /metrics text and fixed-pace mode.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod sim_support;
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,9 @@
 //! The engine core as a pure state machine with injected times: step durations, prefill, cold
 //! start, FIFO admission, aborts, the stop rule and n > 1, all against hand-computed truths.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;

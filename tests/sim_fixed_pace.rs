@@ -1,5 +1,8 @@
 //! Fixed-pace mode (overhead benchmark): exact event count, absolute schedule, CLOCK_MONOTONIC stamps.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod sim_support;
 
 use serde_json::Value;
@@ -22,14 +25,14 @@ async fn fixed_pace_emits_stamped_events_on_schedule() {
         ..cfg()
     })
     .await;
-    let before = tokenmeter::sim::wire::monotonic_ns();
+    let before = tokenmeter::clock::monotonic_ns();
     let r = post(
         sim.addr(),
         "/v1/chat/completions",
         &stream_body("fixed", 10),
     )
     .await;
-    let after = tokenmeter::sim::wire::monotonic_ns();
+    let after = tokenmeter::clock::monotonic_ns();
     let ev = r.events();
     assert_eq!(ev.len(), 1 + 10 + 1 + 1, "role, 10 tokens, usage, [DONE]");
     let stamps: Vec<u64> = ev[..ev.len() - 1]

@@ -1,5 +1,8 @@
 //! `/metrics` parses as Prometheus text with vLLM's names and bucket bounds; counters are monotonic and exact.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod sim_support;
 
 use sim_support::*;

@@ -2,6 +2,9 @@
 //! formula `1000 / (step_base_ms + step_per_seq_ms × N)` tok/s per stream. Alone in its binary so
 //! that other tests do not compete with it for the two cores.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod sim_support;
 
 use std::time::Instant;

@@ -4,6 +4,9 @@
 //! `cargo test --release --test sim_scale -- --ignored --nocapture`
 //! It prints the engine's step lag (actual wake − scheduled deadline): max and mean.
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod sim_support;
 
 use std::time::Instant;

@@ -1,6 +1,9 @@
 //! The simulator speaks vLLM 0.32's wire format: every response type is compared with the
 //! recorded fixtures (shapes, key order, event order, usage placement; error bodies byte for byte).
 
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
 mod sim_support;
 
 use serde_json::Value;

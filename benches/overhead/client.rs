@@ -24,13 +24,7 @@ pub fn client() -> HttpClient {
 
 /// CLOCK_MONOTONIC in nanoseconds: the simulator's `tm_sent_ns` uses the same clock.
 pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    tokenmeter::clock::monotonic_ns()
 }
 
 fn request(addr: SocketAddr, max_tokens: u64) -> hyper::Request<Full<Bytes>> {

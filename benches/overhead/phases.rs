@@ -264,7 +264,7 @@ pub async fn ramp(env: &Env, o: &Opts) -> Value {
             let deadline = Instant::now() + Duration::from_secs(60);
             while opened.load(Ordering::SeqCst) < n
                 && Instant::now() < deadline
-                && !tasks.iter().all(|t| t.is_finished())
+                && !tasks.iter().all(tokio::task::JoinHandle::is_finished)
             {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }

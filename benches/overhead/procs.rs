@@ -15,9 +15,12 @@ impl Drop for Proc {
     fn drop(&mut self) {
         // SIGTERM first: an nginx master only takes its workers down when asked to stop (a killed
         // master leaves them running). SIGKILL after 3 s bounds the wait.
-        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
-            // SAFETY: signalling our own child by its pid; it has not been reaped yet.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+        // Our own child, not reaped yet, so the pid is still its.
+        if let Some(pid) = i32::try_from(self.child.id())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         }
         let deadline = Instant::now() + Duration::from_secs(3);
         while Instant::now() < deadline {

@@ -6,7 +6,7 @@ pub fn pct(v: &[f64], q: f64) -> Option<f64> {
         return None;
     }
     let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
+    s.sort_by(f64::total_cmp);
     let rank = ((q / 100.0) * s.len() as f64).ceil().max(1.0) as usize;
     Some(s[rank.min(s.len()) - 1])
 }

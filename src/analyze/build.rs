@@ -14,7 +14,7 @@ use super::AnalyzeOptions;
 
 /// The cross-check over the steady runs, the proxy side read pro rata from the timeline.
 fn crosscheck(tl: &ReplayTimeline, p: &Pass1, opts: &AnalyzeOptions) -> Option<CrossCheck> {
-    use crate::scrape::report::{pro_rata_over, rows_for_spans, SteadySpan};
+    use super::crosscheck::{pro_rata_over, rows_for_spans, SteadySpan};
     let subset = !opts.filter.users.is_empty() || !opts.filter.models.is_empty();
     if p.server_samples.is_empty() || subset {
         return None;
@@ -85,6 +85,7 @@ pub fn build(
     let capacity = capacity(tl, level_tok_s, &p);
     let saturation = saturation(&p, opts.knee_factor);
     let users = users(&p);
+    let apis = apis(&p);
     let cold_starts = ColdStarts {
         count: p.cold_start_count,
         listed: p
@@ -107,6 +108,7 @@ pub fn build(
         capacity,
         saturation,
         users,
+        apis,
         cold_starts,
         crosscheck,
         upstreams: Vec::new(),
@@ -262,6 +264,30 @@ fn saturation(p: &Pass1, knee_factor: f64) -> Saturation {
         levels,
         knee,
     }
+}
+
+fn apis(p: &Pass1) -> Vec<ApiRow> {
+    let total: u64 = p.apis.values().map(|a| a.completion_tokens).sum();
+    p.apis
+        .iter()
+        .map(|(api, a)| {
+            let some = a.tok_s.count > 0;
+            ApiRow {
+                api: api.as_str(),
+                requests: a.requests,
+                errors: a.errors,
+                prompt_tokens: a.prompt_tokens,
+                completion_tokens: a.completion_tokens,
+                tok_s: MinMeanMax {
+                    min: some.then_some(a.tok_s.min),
+                    mean: a.tok_s.mean(),
+                    max: some.then_some(a.tok_s.max),
+                },
+                ttft_ms: Percentiles::of(&a.ttft_ms),
+                share_pct: (total > 0).then(|| 100.0 * a.completion_tokens as f64 / total as f64),
+            }
+        })
+        .collect()
 }
 
 fn users(p: &Pass1) -> Vec<UserRow> {

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::clock::UnixNanos;
+use crate::dialect::Api;
 use crate::meter::histogram::LogHistogram;
 use crate::meter::replay::{LevelSweep, ReplayAccumulator};
 use crate::meter::timeline::{end_ns, RateStats};
@@ -56,6 +57,34 @@ pub struct UserAcc {
     pub ttft_ms: LogHistogram,
 }
 
+/// Totals of one generation API.
+#[derive(Debug, Clone, Default)]
+pub struct ApiAcc {
+    /// Generation requests.
+    pub requests: u64,
+    /// Of those, requests whose outcome counts as an error.
+    pub errors: u64,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+    /// Per-request `tok_s`.
+    pub tok_s: RateStats,
+    /// TTFT (cold starts included), ms.
+    pub ttft_ms: LogHistogram,
+}
+
+impl ApiAcc {
+    fn merge(&mut self, o: &ApiAcc) {
+        self.requests += o.requests;
+        self.errors += o.errors;
+        self.prompt_tokens += o.prompt_tokens;
+        self.completion_tokens += o.completion_tokens;
+        self.tok_s.merge(&o.tok_s);
+        self.ttft_ms.merge(&o.ttft_ms);
+    }
+}
+
 /// TTFT at one arrival level.
 #[derive(Debug, Clone, Default)]
 pub struct ArrivalLevel {
@@ -97,6 +126,8 @@ pub struct Pass1 {
     pub last_end: Option<UnixNanos>,
     /// Per-user totals.
     pub users: HashMap<String, UserAcc>,
+    /// Generation requests per API.
+    pub apis: BTreeMap<Api, ApiAcc>,
     /// Requests per model.
     pub models: HashMap<String, u64>,
     /// Requests without a model.
@@ -129,6 +160,7 @@ impl Default for Pass1 {
             first_arrival: None,
             last_end: None,
             users: HashMap::new(),
+            apis: BTreeMap::new(),
             models: HashMap::new(),
             no_model: 0,
             upstreams: BTreeMap::new(),
@@ -190,6 +222,19 @@ impl Pass1 {
         }
         if let Some(t) = r.ttft_ms {
             user.ttft_ms.record(t);
+        }
+        if let Some(api) = r.api {
+            let a = self.apis.entry(api).or_default();
+            a.requests += 1;
+            a.errors += r.outcome.is_error() as u64;
+            a.prompt_tokens += r.prompt_tokens.unwrap_or(0);
+            a.completion_tokens += r.completion_tokens.unwrap_or(0);
+            if let Some(v) = r.tok_s {
+                a.tok_s.add(v);
+            }
+            if let Some(t) = r.ttft_ms {
+                a.ttft_ms.record(t);
+            }
         }
         let level = self.arrivals.entry(r.in_flight_at_start).or_default();
         level.requests += 1;
@@ -309,6 +354,9 @@ impl Pass1 {
             mine.tok_s.merge(&u.tok_s);
             mine.ttft_ms.merge(&u.ttft_ms);
         }
+        for (api, a) in &other.apis {
+            self.apis.entry(*api).or_default().merge(a);
+        }
         for (m, n) in other.models {
             *self.models.entry(m).or_default() += n;
         }
@@ -346,7 +394,7 @@ impl Pass1 {
         };
         let mut sweep = LevelSweep::new();
         for_each_by_start(&mut self.spills, |e| {
-            sweep.push(e.start, e.end, e.in_flight_at_start, e.tok_s, &mut visit)
+            sweep.push(e.start, e.end, e.in_flight_at_start, e.tok_s, &mut visit);
         })?;
         sweep.finish(&mut visit);
         Ok(out)

@@ -15,7 +15,7 @@ pub const MAX_WORKERS: usize = 4;
 /// Runs pass 1 over every source.
 pub fn pass1(sources: &[Source], filter: &Filter) -> anyhow::Result<Pass1> {
     let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
+        .map_or(1, std::num::NonZero::get)
         .clamp(1, MAX_WORKERS);
     let (tx, rx) = sync_channel::<Chunk>(workers * 2);
     let rx = Mutex::new(rx);

@@ -10,6 +10,7 @@
 
 mod build;
 mod collect;
+pub mod crosscheck;
 mod drive;
 pub mod filter;
 pub mod html;

@@ -8,6 +8,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{parse_rfc3339, UnixNanos};
+use crate::dialect::Api;
 use crate::record::{is_generation_path, Outcome, RequestRecord, RECORD_SCHEMA};
 
 /// Longest plausible `e2e_ms` / `ttft_ms` (one day); larger values make the line bad.
@@ -58,6 +59,8 @@ struct RawLine<'a> {
     path: Option<Str<'a>>,
     stream: Option<bool>,
     outcome: Option<Outcome>,
+    #[serde(borrow)]
+    api: Option<Str<'a>>,
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
     ttft_ms: Option<f64>,
@@ -115,6 +118,9 @@ pub struct LeanRecord<'a> {
     pub upstream: Option<Cow<'a, str>>,
     /// Whether the path is a generation endpoint.
     pub generation: bool,
+    /// The generation API: the line's `api`, else known by the path (lines written before the
+    /// field existed).
+    pub api: Option<Api>,
     /// Whether the request streamed.
     pub stream: Option<bool>,
     /// How it ended.
@@ -211,6 +217,10 @@ pub fn parse_line(line: &[u8]) -> Parsed<'_> {
         model: raw.model.map(|m| m.0),
         upstream: raw.upstream.map(|m| m.0),
         generation: is_generation_path(&path.0),
+        api: raw
+            .api
+            .and_then(|a| Api::from_name(&a.0))
+            .or_else(|| crate::dialect::detect(&path.0)),
         stream: raw.stream,
         outcome,
         prompt_tokens: raw.prompt_tokens,

@@ -31,6 +31,8 @@ pub struct Report {
     pub saturation: Saturation,
     /// Per-user figures, by generated tokens descending.
     pub users: Vec<UserRow>,
+    /// Per-API figures of generation requests, in the APIs' fixed order (only APIs seen).
+    pub apis: Vec<ApiRow>,
     /// Cold-start requests, listed apart.
     pub cold_starts: ColdStarts,
     /// The proxy beside vLLM's own count (from `server_sample` lines); `null` when the logs hold
@@ -61,9 +63,9 @@ pub struct CrossCheck {
     /// `server_sample` lines used.
     pub samples: u64,
     /// One row per steady window (same order as `timeline.steady_windows`).
-    pub steady_windows: Vec<crate::scrape::report::CrossRow>,
+    pub steady_windows: Vec<super::crosscheck::CrossRow>,
     /// From the first to the last sample.
-    pub overall: Option<crate::scrape::report::CrossRow>,
+    pub overall: Option<super::crosscheck::CrossRow>,
 }
 
 /// What was read and what was skipped.
@@ -235,6 +237,27 @@ pub struct UserRow {
     /// TTFT p90, ms.
     pub ttft_p90_ms: Option<f64>,
     /// Percentage of all generated (completion) tokens; `null` when nothing was generated.
+    pub share_pct: Option<f64>,
+}
+
+/// One generation API.
+#[derive(Debug, Clone, Serialize)]
+pub struct ApiRow {
+    /// `chat`, `completions`, `responses` or `messages`.
+    pub api: &'static str,
+    /// Generation requests.
+    pub requests: u64,
+    /// Of those, errors.
+    pub errors: u64,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+    /// Per-request tok/s.
+    pub tok_s: MinMeanMax,
+    /// TTFT percentiles, ms (cold starts included).
+    pub ttft_ms: Percentiles,
+    /// Percentage of all completion tokens; `null` when nothing was generated.
     pub share_pct: Option<f64>,
 }
 

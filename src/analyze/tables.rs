@@ -42,7 +42,10 @@ pub struct Grid {
 /// A grid from headers and rows.
 pub fn grid(headers: &[&str], rows: &[Vec<String>]) -> Grid {
     Grid {
-        headers: headers.iter().map(|h| h.to_string()).collect(),
+        headers: headers
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect(),
         rows: rows.to_vec(),
     }
 }
@@ -290,6 +293,48 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
                 "Share",
             ],
             &users,
+        ),
+    ));
+    let apis: Vec<Vec<String>> = r
+        .apis
+        .iter()
+        .map(|a| {
+            vec![
+                a.api.to_string(),
+                a.requests.to_string(),
+                a.errors.to_string(),
+                a.prompt_tokens.to_string(),
+                a.completion_tokens.to_string(),
+                format!(
+                    "{} ({} – {})",
+                    num(a.tok_s.mean, 1),
+                    num(a.tok_s.min, 1),
+                    num(a.tok_s.max, 1)
+                ),
+                format!(
+                    "{} / {} / {}",
+                    num(a.ttft_ms.p50, 0),
+                    num(a.ttft_ms.p90, 0),
+                    num(a.ttft_ms.p99, 0)
+                ),
+                a.share_pct.map_or("—".into(), |p| format!("{p:.1}%")),
+            ]
+        })
+        .collect();
+    out.push((
+        "Per API".into(),
+        grid(
+            &[
+                "API",
+                "Requests",
+                "Errors",
+                "Prompt tokens",
+                "Completion tokens",
+                "tok/s mean (min – max)",
+                "TTFT p50/p90/p99 ms",
+                "Share",
+            ],
+            &apis,
         ),
     ));
     let cold: Vec<Vec<String>> = r

@@ -45,6 +45,11 @@ impl Api {
         }
     }
 
+    /// The API of a logged name (`as_str`'s inverse).
+    pub fn from_name(name: &str) -> Option<Api> {
+        Api::ALL.into_iter().find(|a| a.as_str() == name)
+    }
+
     /// This API's reader.
     pub fn dialect(self) -> &'static dyn Dialect {
         match self {

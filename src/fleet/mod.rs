@@ -6,6 +6,7 @@
 //! once per request, never per chunk); the proxy owns the per-replica meters.
 
 pub mod models;
+pub mod settings;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -15,8 +16,8 @@ use http::HeaderValue;
 use serde::Serialize;
 
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
-use crate::config::{ResolvedUpstream, RoutingConfig};
 use crate::record::Outcome;
+use settings::{ResolvedUpstream, RoutingConfig};
 
 /// Counters of one replica since start.
 #[derive(Debug, Default)]

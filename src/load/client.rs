@@ -236,7 +236,7 @@ impl HttpClient {
             if let Some(data) = frame.data_ref() {
                 scanner.feed(data, |ev| {
                     if !ev.oversize {
-                        on_event(ev.data)
+                        on_event(ev.data);
                     }
                 });
             }

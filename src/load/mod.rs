@@ -34,6 +34,7 @@ pub mod prompts;
 pub mod report;
 pub mod result;
 pub mod stats;
+pub mod summary;
 pub mod sustained;
 pub mod table;
 

@@ -39,7 +39,7 @@ pub trait Progress: Send + Sync {
 
 impl<F: Fn(&ProgressEvent<'_>) + Send + Sync> Progress for F {
     fn report(&self, event: &ProgressEvent<'_>) {
-        self(event)
+        self(event);
     }
 }
 

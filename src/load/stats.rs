@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::client::HttpClient;
-use super::report::{summarize, MinAvgMax};
+use super::summary::{summarize, MinAvgMax};
 
 /// In-flight requests over a proxy window.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -72,7 +72,7 @@ pub struct ProxyReport {
 /// Whether `base` is a tokenmeter proxy, with a one-line note.
 pub async fn probe(client: &HttpClient) -> (bool, String) {
     match client.get_json("/stats").await {
-        Ok((200, Some(v))) if v.get("schema").and_then(|s| s.as_u64()) == Some(1) => (
+        Ok((200, Some(v))) if v.get("schema").and_then(serde_json::Value::as_u64) == Some(1) => (
             true,
             "tokenmeter proxy detected: /stats windows sampled".into(),
         ),

@@ -2,8 +2,9 @@
 
 use std::fmt::Write;
 
-use super::report::{BurstReport, LoadReport, MinAvgMax, RequestFigures, SustainedReport};
+use super::report::{BurstReport, LoadReport, RequestFigures, SustainedReport};
 use super::stats::ProxyReport;
+use super::summary::MinAvgMax;
 
 fn num(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "n/a".into(), |v| format!("{v:.digits$}"))

@@ -10,16 +10,11 @@ use crate::scrape::{ServerSample, ServerTrack};
 
 use super::capacity::{CapacityAccumulator, RequestLevel};
 use super::config::{MeterConfig, MAX_HORIZON_S};
+use super::inflight::mean_level;
+use super::labels::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
 use super::prometheus::PromState;
 use super::scope::Scope;
-use super::timeline::{mean_level, second_of};
-
-/// Name of the scope that collects users beyond the cap and models beyond [`MAX_TRACKED_MODELS`].
-pub const OTHER: &str = "other";
-/// Model scope of requests that named no model.
-pub const UNKNOWN_MODEL: &str = "unknown";
-/// Models tracked individually (live view and metric labels); further ones fold into `"other"`.
-pub const MAX_TRACKED_MODELS: usize = 100;
+use super::timeline::second_of;
 
 #[derive(Debug, Clone)]
 struct OpenRequest {
@@ -73,7 +68,8 @@ impl Hasher for IdHasher {
     }
 }
 
-/// The numeric id in a proxy request id of the form `tm-<prefix hex>-<id hex>`.
+/// The numeric id in a proxy request id of the form `tm-<prefix hex>-<id hex>`: for records read
+/// back from a log. The live meter is handed the number itself and never parses.
 pub fn id_from_request_id(request_id: &str) -> Option<u64> {
     let tail = request_id.rsplit('-').next()?;
     u64::from_str_radix(tail, 16).ok()
@@ -262,7 +258,7 @@ impl Meter {
     /// (see [`id_from_request_id`]). Non-generation records are ignored.
     pub fn request_finished(&mut self, now: UnixNanos, record: &RequestRecord) {
         let id = id_from_request_id(&record.request_id);
-        self.request_finished_id(now, id, record)
+        self.request_finished_id(now, id, record);
     }
 
     /// A request finished at `now`; `id` is the id its start was reported with (`None`, or an id

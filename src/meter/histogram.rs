@@ -57,6 +57,15 @@ impl LogHistogram {
         }
     }
 
+    /// Counts `n` values of `v` milliseconds at once (merging coarser histograms).
+    pub fn record_n(&mut self, v: f64, n: u32) {
+        if let Some(bin) = bin_of(v) {
+            if n > 0 {
+                self.add_to_bin(bin, n);
+            }
+        }
+    }
+
     fn add_to_bin(&mut self, bin: u16, n: u32) {
         // Fast path: values mostly arrive into new or recent bins; a sorted insert keeps merges linear.
         match self.bins.binary_search_by_key(&bin, |&(b, _)| b) {
@@ -198,9 +207,9 @@ mod tests {
         for i in 0..500 {
             let v = (i as f64 * 7.3) % 900.0 + 0.5;
             if i % 3 == 0 {
-                a.record(v)
+                a.record(v);
             } else {
-                b.record(v)
+                b.record(v);
             }
             all.record(v);
         }

@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::access_log::AccessLogCounters;
 use crate::clock::{Clock, UnixNanos, NANOS_PER_SEC};
+use crate::error::{error_body, kind};
 
 use super::live::MeterHandle;
 use super::prometheus::render_access_log;
@@ -123,18 +124,14 @@ pub fn stats_router(handle: MeterHandle, ctx: StatsContext) -> Router {
         .with_state(state)
 }
 
-/// An OpenAI-shaped error response.
-fn error(
-    status: StatusCode,
-    message: &str,
-    kind: &str,
-    param: Option<&str>,
-    code: Option<&str>,
-) -> Response {
-    let body = serde_json::json!({
-        "error": { "message": message, "type": kind, "param": param, "code": code }
-    });
-    (status, Json(body)).into_response()
+/// An error answer in the proxy's one vocabulary ([`crate::error`]).
+fn error(status: StatusCode, message: &str, kind: &str, param: Option<&str>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        error_body(status, kind, message, param),
+    )
+        .into_response()
 }
 
 /// Checks the bearer token, comparing SHA-256 digests in constant time (the length of the
@@ -160,9 +157,8 @@ fn unauthorized() -> Response {
     error(
         StatusCode::UNAUTHORIZED,
         "missing or invalid bearer token for the stats endpoints",
-        "invalid_request_error",
+        kind::AUTHENTICATION,
         None,
-        Some("invalid_api_key"),
     )
 }
 
@@ -194,8 +190,8 @@ async fn stats(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: Uri)
     let query = match parse_query(&uri) {
         Ok(q) => q,
         Err((msg, param)) => {
-            let kind = "invalid_request_error";
-            return error(StatusCode::BAD_REQUEST, &msg, kind, param.as_deref(), None);
+            let k = kind::BAD_REQUEST;
+            return error(StatusCode::BAD_REQUEST, &msg, k, param.as_deref());
         }
     };
     let now = Clock::global().now();
@@ -223,15 +219,13 @@ async fn stats(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: Uri)
         Err(e @ SnapshotError::UnknownWindow { .. }) => error(
             StatusCode::BAD_REQUEST,
             &e.to_string(),
-            "invalid_request_error",
+            kind::BAD_REQUEST,
             Some("window"),
-            None,
         ),
         Err(e) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             &e.to_string(),
-            "server_error",
-            None,
+            kind::SERVICE_UNAVAILABLE,
             None,
         ),
     }

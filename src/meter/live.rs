@@ -1,7 +1,9 @@
-//! The live shell: one thread owns the [`Meter`]; the data path sends it events through an
-//! unbounded channel and never waits.
+//! The live shell: one thread owns the [`Meter`]; the data path sends it events through a
+//! queue and never waits. The queue is bounded by a count of the data events in it
+//! ([`MAX_QUEUED_EVENTS`]): beyond, new events are dropped and counted
+//! (`meter_events_dropped` in `/stats`).
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::Thread;
 use std::time::Duration;
@@ -10,6 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::access_log::AccessLogCounters;
 use crate::clock::{Clock, UnixNanos};
+use crate::observe::Observer;
 use crate::record::RequestRecord;
 use crate::scrape::ServerSample;
 
@@ -31,6 +34,7 @@ enum Event {
     },
     Finish {
         now: UnixNanos,
+        id: u64,
         record: Arc<RequestRecord>,
     },
     // Boxed: rare, and it would otherwise widen every channel slot.
@@ -61,6 +65,30 @@ const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
 /// an idle proxy wakes the meter once a second instead of twenty times.
 const IDLE_DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Data events (starts, tokens, finishes) the queue may hold; beyond, new ones are dropped and
+/// counted. At most 56 bytes each, so about 15 MB; at the 50 ms drain interval this is room for
+/// five million events a second, far beyond what one proxy sees (2,000 streams at 100 tokens/s
+/// are 200,000), so only a meter thread starved of CPU for seconds drops anything.
+pub const MAX_QUEUED_EVENTS: usize = 1 << 18;
+
+/// The bound on the queue: data events in it now, and those refused because it was full.
+#[derive(Debug)]
+struct Bound {
+    queued: AtomicUsize,
+    dropped: AtomicU64,
+    max: usize,
+}
+
+impl Bound {
+    fn new(max: usize) -> Self {
+        Bound {
+            queued: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+            max,
+        }
+    }
+}
+
 /// A cheap, cloneable handle to the meter thread. Sending never blocks, locks or logs; events sent
 /// after the thread ended are dropped.
 #[derive(Clone, Debug)]
@@ -69,7 +97,7 @@ pub struct MeterHandle {
     /// The meter thread, woken for queries only: waking it for every token event cost a futex
     /// call and a context switch per streamed chunk (about 8 µs of CPU per event, measured).
     thread: Option<Thread>,
-    in_flight: Arc<AtomicI64>,
+    bound: Arc<Bound>,
 }
 
 impl std::fmt::Debug for Event {
@@ -87,6 +115,8 @@ pub fn spawn_meter(config: MeterConfig) -> MeterHandle {
 /// Starts the meter thread with its timeline starting at `origin` (tests inject time this way).
 pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
+    let bound = Arc::new(Bound::new(MAX_QUEUED_EVENTS));
+    let taken = bound.clone();
     let mut meter = Meter::new(config, origin);
     // A thread of its own, not a task: as one task among thousands of busy connections, the
     // meter would get one cooperative budget of events per scheduler round and fall behind the
@@ -107,6 +137,12 @@ pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
             }
             Err(mpsc::error::TryRecvError::Disconnected) => break,
         };
+        if matches!(
+            ev,
+            Event::Start { .. } | Event::Tokens { .. } | Event::Finish { .. }
+        ) {
+            taken.queued.fetch_sub(1, Ordering::Relaxed);
+        }
         match ev {
             Event::Start {
                 now,
@@ -115,7 +151,7 @@ pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
                 model,
             } => meter.request_started(now, id, &user, model.as_deref()),
             Event::Tokens { now, id, delta } => meter.tokens(now, id, delta),
-            Event::Finish { now, record } => meter.request_finished(now, &record),
+            Event::Finish { now, id, record } => meter.request_finished_id(now, Some(id), &record),
             Event::Snapshot(req) => {
                 let _ = req.reply.send(meter.snapshot(req.now, &req.query));
             }
@@ -137,18 +173,13 @@ pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
             None
         }
     };
-    MeterHandle {
-        tx,
-        thread,
-        in_flight: Arc::new(AtomicI64::new(0)),
-    }
+    MeterHandle { tx, thread, bound }
 }
 
 impl MeterHandle {
     /// Generation request `id` of `user` for `model` arrived at `now`.
     pub fn started(&self, id: u64, now: UnixNanos, user: Arc<str>, model: Option<Arc<str>>) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        let _ = self.tx.send(Event::Start {
+        self.send_data(Event::Start {
             now,
             id,
             user,
@@ -158,25 +189,38 @@ impl MeterHandle {
 
     /// `delta` completion tokens of request `id` passed the proxy at `now`.
     pub fn tokens(&self, id: u64, now: UnixNanos, delta: u64) {
-        let _ = self.tx.send(Event::Tokens { now, id, delta });
+        self.send_data(Event::Tokens { now, id, delta });
     }
 
-    /// A request finished at `now`; `was_started` says whether [`MeterHandle::started`] was called
-    /// for it (only then does the in-flight count drop). The request's id is read from
-    /// `record.request_id` (`tm-<prefix>-<id hex>`).
-    pub fn finished(
-        &self,
-        now: UnixNanos,
-        record: impl Into<Arc<RequestRecord>>,
-        was_started: bool,
-    ) {
-        if was_started {
-            self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        }
-        let _ = self.tx.send(Event::Finish {
+    /// Request `id` finished at `now`. If it was [`started`](MeterHandle::started) (with this
+    /// id), its open state closes; a record never started is accounted without changing the
+    /// in-flight level.
+    pub fn finished(&self, id: u64, now: UnixNanos, record: impl Into<Arc<RequestRecord>>) {
+        self.send_data(Event::Finish {
             now,
+            id,
             record: record.into(),
         });
+    }
+
+    /// Queues a data event unless the queue is full; then it is dropped and counted. Two relaxed
+    /// atomic operations, no lock, no wakeup.
+    fn send_data(&self, ev: Event) {
+        // Reserve the slot first, so the count never exceeds the bound and neither does the queue.
+        if self.bound.queued.fetch_add(1, Ordering::Relaxed) >= self.bound.max {
+            self.bound.queued.fetch_sub(1, Ordering::Relaxed);
+            self.bound.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if self.tx.send(ev).is_err() {
+            // The thread has ended: nothing will take it off the queue.
+            self.bound.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Data events dropped because the queue was full, since start.
+    pub fn events_dropped(&self) -> u64 {
+        self.bound.dropped.load(Ordering::Relaxed)
     }
 
     /// Sends a query or setting and wakes the thread so it is answered now, after every event
@@ -200,11 +244,6 @@ impl MeterHandle {
         let _ = self.send_now(Event::ServerSample(Box::new(sample)));
     }
 
-    /// Requests started and not yet finished, as counted by this handle's callers.
-    pub fn in_flight(&self) -> i64 {
-        self.in_flight.load(Ordering::Relaxed)
-    }
-
     /// The `/stats` document at `now`, with `upstream` and the access-log counters filled in.
     pub async fn snapshot(
         &self,
@@ -220,6 +259,7 @@ impl MeterHandle {
         let mut snap = rx.await.map_err(|_| SnapshotError::Stopped)??;
         snap.upstream = upstream.to_string();
         snap.access_log = AccessLogView::read(access_log);
+        snap.meter_events_dropped = self.events_dropped();
         Ok(snap)
     }
 
@@ -233,9 +273,48 @@ impl MeterHandle {
     }
 }
 
+impl Observer for MeterHandle {
+    fn started(&self, id: u64, now: UnixNanos, user: &Arc<str>, model: Option<&Arc<str>>) {
+        MeterHandle::started(self, id, now, user.clone(), model.cloned());
+    }
+
+    fn tokens(&self, id: u64, now: UnixNanos, completion_tokens: u64) {
+        MeterHandle::tokens(self, id, now, completion_tokens);
+    }
+
+    fn finished(&self, id: u64, now: UnixNanos, record: &Arc<RequestRecord>, _: bool) {
+        if record.is_generation() {
+            MeterHandle::finished(self, id, now, record.clone());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_queue_drops_new_events_and_counts_them() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let h = MeterHandle {
+            tx,
+            thread: None,
+            bound: Arc::new(Bound::new(3)),
+        };
+        for i in 0..5 {
+            h.tokens(1, i, 1);
+        }
+        assert_eq!(h.events_dropped(), 2);
+        let mut queued = 0;
+        while rx.try_recv().is_ok() {
+            queued += 1;
+        }
+        assert_eq!(queued, 3);
+        // Queries are never refused: a full queue must not hide itself from /stats.
+        assert!(h
+            .send_now(Event::ServerEnable { threshold_pct: 1.0 })
+            .is_ok());
+    }
 
     #[test]
     fn events_stay_small() {

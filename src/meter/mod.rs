@@ -11,6 +11,7 @@ pub mod engine;
 pub mod histogram;
 pub mod http;
 pub mod inflight;
+pub mod labels;
 pub mod live;
 pub mod prometheus;
 pub mod replay;

@@ -6,8 +6,8 @@
 //! that look alike but measure different things would silently mix in a query. Histogram
 //! bucket bounds follow the shape of vLLM's so the two can be compared bucket by bucket.
 //!
-//! Labels are bounded: `model` (at most [`MAX_TRACKED_MODELS`] names, then `"other"`),
-//! `outcome` (six values) and, only with `metrics_user_label`, `user` on the counters (at most
+//! Labels are bounded: `model` (at most [`MAX_TRACKED_MODELS`] names, then `"other"`), `api`
+//! (the four generation APIs, on the counters), `outcome` (six values) and, only with `metrics_user_label`, `user` on the counters (at most
 //! `max_tracked_users` names ever, then `"other"`; histograms never carry `user`). Only
 //! generation requests are counted. Series never disappear, so counters stay monotonic.
 
@@ -15,25 +15,15 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 use std::sync::Arc;
 
+use crate::dialect::Api;
+use crate::itl::VLLM_ITL_BOUNDS_S;
 use crate::record::{Outcome, RequestRecord};
 
-use super::engine::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
+use crate::exposition::{
+    escape_label as escape, header, REQUEST_BUCKETS as E2E_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS,
+};
 
-/// TTFT bucket upper bounds, seconds.
-pub const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-];
-/// TPOT bucket upper bounds, seconds.
-pub const TPOT_BUCKETS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0, 160.0, 640.0,
-];
-/// End-to-end latency bucket upper bounds, seconds.
-pub const E2E_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-    480.0, 960.0, 1920.0, 7680.0,
-];
+use super::labels::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
 
 /// A cumulative-on-render histogram with fixed bounds.
 #[derive(Debug, Clone)]
@@ -76,7 +66,11 @@ struct Hists {
     ttft: FixedHist,
     tpot: FixedHist,
     e2e: FixedHist,
+    itl: FixedHist,
 }
+
+/// Counter series key: model, API, and the user when the user label is on.
+type CounterKey = (Arc<str>, Api, Option<Arc<str>>);
 
 /// The counters and histograms behind `/stats/metrics`.
 #[derive(Debug)]
@@ -85,7 +79,7 @@ pub struct PromState {
     max_users: usize,
     models: HashSet<Arc<str>>,
     users: HashSet<Arc<str>>,
-    counters: HashMap<(Arc<str>, Option<Arc<str>>), Counters>,
+    counters: HashMap<CounterKey, Counters>,
     hists: HashMap<Arc<str>, Hists>,
 }
 
@@ -121,7 +115,13 @@ impl PromState {
         let user = self
             .user_label
             .then(|| bounded(&mut self.users, &r.user, self.max_users));
-        let c = self.counters.entry((model.clone(), user)).or_default();
+        // Only generation requests reach here; a record read back without `api` is known by its
+        // path.
+        let api = r
+            .api
+            .or_else(|| crate::dialect::detect(&r.path))
+            .unwrap_or(Api::Chat);
+        let c = self.counters.entry((model.clone(), api, user)).or_default();
         if let Some(i) = Outcome::ALL.iter().position(|o| *o == r.outcome) {
             c.outcomes[i] += 1;
         }
@@ -131,7 +131,17 @@ impl PromState {
             ttft: FixedHist::new(TTFT_BUCKETS),
             tpot: FixedHist::new(TPOT_BUCKETS),
             e2e: FixedHist::new(E2E_BUCKETS),
+            itl: FixedHist::new(&VLLM_ITL_BOUNDS_S),
         });
+        if let Some(itl) = &r.itl {
+            // The request's own counts per vLLM bucket: exact, no re-binning.
+            let per = itl.vllm_buckets();
+            for (slot, n) in h.itl.counts.iter_mut().zip(per.iter()) {
+                *slot += *n as u64;
+            }
+            h.itl.count += itl.count() as u64;
+            h.itl.sum += itl.sum_s();
+        }
         let secs = |ms: Option<f64>| ms.map(|v| v / 1e3);
         if let Some(v) = secs(r.ttft_ms) {
             h.ttft.observe(TTFT_BUCKETS, v);
@@ -149,9 +159,14 @@ impl PromState {
         let mut out = String::with_capacity(4096);
         let mut keys: Vec<_> = self.counters.keys().collect();
         keys.sort();
-        let labels = |model: &str, user: &Option<Arc<str>>| match user {
-            Some(u) => format!("model=\"{}\",user=\"{}\"", escape(model), escape(u)),
-            None => format!("model=\"{}\"", escape(model)),
+        let labels = |model: &str, api: Api, user: &Option<Arc<str>>| match user {
+            Some(u) => format!(
+                "model=\"{}\",api=\"{}\",user=\"{}\"",
+                escape(model),
+                api.as_str(),
+                escape(u)
+            ),
+            None => format!("model=\"{}\",api=\"{}\"", escape(model), api.as_str()),
         };
         header(
             &mut out,
@@ -165,7 +180,7 @@ impl PromState {
                 let _ = writeln!(
                     out,
                     "tokenmeter_requests_total{{{},outcome=\"{}\"}} {n}",
-                    labels(&k.0, &k.1),
+                    labels(&k.0, k.1, &k.2),
                     o.as_str()
                 );
             }
@@ -186,7 +201,7 @@ impl PromState {
             for k in &keys {
                 let c = &self.counters[*k];
                 let v = if get == 0 { c.prompt } else { c.completion };
-                let _ = writeln!(out, "{name}{{{}}} {v}", labels(&k.0, &k.1));
+                let _ = writeln!(out, "{name}{{{}}} {v}", labels(&k.0, k.1, &k.2));
             }
         }
         let mut models: Vec<_> = self.hists.keys().collect();
@@ -194,7 +209,7 @@ impl PromState {
         for (name, help, bounds, pick) in [
             (
                 "tokenmeter_time_to_first_token_seconds",
-                "Arrival to first content event, seconds.",
+                "Arrival to first generated output (any API), seconds.",
                 TTFT_BUCKETS,
                 0,
             ),
@@ -210,11 +225,17 @@ impl PromState {
                 E2E_BUCKETS,
                 2,
             ),
+            (
+                "tokenmeter_inter_token_latency_seconds",
+                "Gaps between output-carrying events (vllm bench serve's ITL), seconds; vLLM's bounds.",
+                &VLLM_ITL_BOUNDS_S[..],
+                3,
+            ),
         ] {
             header(&mut out, name, "histogram", help);
             for m in &models {
                 let hs = &self.hists[*m];
-                let h = [&hs.ttft, &hs.tpot, &hs.e2e][pick];
+                let h = [&hs.ttft, &hs.tpot, &hs.e2e, &hs.itl][pick];
                 let m = escape(m);
                 let mut cum = 0;
                 for (b, n) in bounds.iter().zip(&h.counts) {
@@ -250,15 +271,4 @@ pub fn render_access_log(out: &mut String, dropped: u64) {
         "Access-log records dropped (channel full or writer gone).",
     );
     let _ = writeln!(out, "tokenmeter_access_log_dropped_total {dropped}");
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-/// Escapes a label value: backslash, double quote and newline.
-pub fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }

@@ -39,10 +39,8 @@ use crate::clock::{UnixNanos, NANOS_PER_SEC};
 use crate::record::RequestRecord;
 
 use super::capacity::{CapacityAccumulator, CapacityRow, RequestLevel};
-use super::timeline::{
-    attribute_record, end_ns, mean_level, second_of, InFlightIntegrator, SecondBucket,
-    MAX_SPREAD_SECONDS,
-};
+use super::inflight::{mean_level, InFlightIntegrator};
+use super::timeline::{attribute_record, end_ns, second_of, SecondBucket, MAX_SPREAD_SECONDS};
 
 pub use store::{SecondAcc, SecondStore};
 
@@ -255,7 +253,7 @@ impl Timeline {
                     in_flight_at_start: r.in_flight_at_start,
                     cold_start: r.cold_start,
                 },
-            ))
+            ));
         };
         for r in &records {
             sweep.push(

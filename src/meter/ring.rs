@@ -2,6 +2,9 @@
 
 use std::collections::VecDeque;
 
+use crate::clock::{UnixNanos, NANOS_PER_SEC};
+use crate::scrape::crosscheck::{pro_rata, ProxyTokens};
+
 use super::timeline::SecondBucket;
 
 /// Seconds of one scope, sorted by second, oldest first; absent seconds were idle.
@@ -61,6 +64,18 @@ impl Ring {
     /// Whether no second is stored.
     pub fn is_empty(&self) -> bool {
         self.buckets.is_empty()
+    }
+}
+
+/// Completion tokens of `ring` attributed to `[t0, t1]`, each second weighted by its overlap.
+pub fn proxy_tokens(ring: &Ring, t0: UnixNanos, t1: UnixNanos) -> f64 {
+    let (a, b) = (t0 / NANOS_PER_SEC, t1.div_ceil(NANOS_PER_SEC));
+    pro_rata(ring.range(a, b).map(|(s, b)| (*s, b.gen_tokens)), t0, t1)
+}
+
+impl ProxyTokens for Ring {
+    fn proxy_tokens(&self, t0: UnixNanos, t1: UnixNanos) -> f64 {
+        proxy_tokens(self, t0, t1)
     }
 }
 

@@ -6,8 +6,9 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use crate::clock::UnixNanos;
 use crate::record::{Outcome, RequestRecord};
 
+use super::inflight::InFlightIntegrator;
 use super::ring::Ring;
-use super::timeline::{attribute_finish, second_of, InFlightIntegrator};
+use super::timeline::{attribute_finish, second_of};
 
 /// Finished requests per outcome; serialized as an object with every outcome's name.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -88,7 +89,7 @@ impl Scope {
         let ring = &mut self.ring;
         self.in_flight
             .advance(now, floor_sec, &mut |sec, level, ns| {
-                ring.bucket_mut(sec).observe_level(level, ns)
+                ring.bucket_mut(sec).observe_level(level, ns);
             });
     }
 
@@ -96,7 +97,7 @@ impl Scope {
         let ring = &mut self.ring;
         self.in_flight
             .change(now, delta, floor_sec, &mut |sec, level, ns| {
-                ring.bucket_mut(sec).observe_level(level, ns)
+                ring.bucket_mut(sec).observe_level(level, ns);
             });
     }
 

@@ -126,6 +126,9 @@ pub struct StatsSnapshot {
     /// The scraper of the upstream's `/metrics` (filled by the caller); `null` when scraping
     /// is off.
     pub server_scrape: Option<crate::scrape::ScrapeStatus>,
+    /// Measurement events (starts, tokens, finishes) the meter's full queue refused since start
+    /// (filled by the caller): non-zero means the figures above undercount.
+    pub meter_events_dropped: u64,
     /// One entry per upstream replica, in configured order (filled by the caller).
     pub upstreams: Vec<UpstreamView>,
 }

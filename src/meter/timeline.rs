@@ -35,8 +35,6 @@ use crate::record::RequestRecord;
 
 use super::histogram::LogHistogram;
 
-pub use super::inflight::{mean_level, InFlightIntegrator};
-
 /// Longest stretch (seconds, one day) an interval's tokens are spread over; earlier parts are dropped.
 pub const MAX_SPREAD_SECONDS: u64 = 86_400;
 
@@ -108,6 +106,9 @@ pub struct FinishedStats {
     pub tpot_ms: LogHistogram,
     /// End-to-end latency of each finished request that had one, ms.
     pub e2e_ms: LogHistogram,
+    /// Every ITL gap of the finished requests, ms (each request's histogram bins, at their
+    /// representative values).
+    pub itl_ms: LogHistogram,
 }
 
 impl FinishedStats {
@@ -125,6 +126,11 @@ impl FinishedStats {
         if let Some(v) = record.e2e_ms {
             self.e2e_ms.record(v);
         }
+        if let Some(itl) = &record.itl {
+            for (bin, n) in itl.bins() {
+                self.itl_ms.record_n(crate::itl::bin_value_ms(bin), n);
+            }
+        }
     }
 
     /// Adds everything in `other`.
@@ -133,6 +139,7 @@ impl FinishedStats {
         self.ttft_ms.merge(&other.ttft_ms);
         self.tpot_ms.merge(&other.tpot_ms);
         self.e2e_ms.merge(&other.e2e_ms);
+        self.itl_ms.merge(&other.itl_ms);
     }
 }
 
@@ -315,7 +322,7 @@ pub fn attribute_finish(
 
 /// Attributes a record replayed from a log (no per-event times): `sink(second, gen, prompt)`.
 pub fn attribute_record(record: &RequestRecord, sink: &mut impl FnMut(u64, f64, f64)) {
-    attribute_finish(record, 0.0, end_ns(record), 0, sink)
+    attribute_finish(record, 0.0, end_ns(record), 0, sink);
 }
 
 #[cfg(test)]

@@ -143,7 +143,7 @@ impl MeteredBody {
                     data
                 } else {
                     let mut out = strip_usage_events(dialect, scanner, held, &data, |s| {
-                        tracker.on_event(s, now, true)
+                        tracker.on_event(s, now, true);
                     });
                     if held.len() > *max_held {
                         // An event this large is not a usage event: stop holding, pass everything.
@@ -280,7 +280,10 @@ impl Body for MeteredBody {
                             let out = this.on_data(data, now);
                             // A body of known length is over with its last byte: hyper will not
                             // poll again, so the record is finished now, not at drop.
-                            let over = this.inner.as_ref().is_some_and(|b| b.is_end_stream())
+                            let over = this
+                                .inner
+                                .as_ref()
+                                .is_some_and(http_body::Body::is_end_stream)
                                 && !this.holds_bytes();
                             if over {
                                 this.end(Outcome::Ok, None);

@@ -25,7 +25,9 @@ use crate::proxy::ProxyBody;
 use crate::record::Outcome;
 use crate::sse::SseScanner;
 
-/// What every request of one proxy shares.
+/// What every request of one proxy shares. Built once; each further serving thread takes a copy
+/// with a pool of its own ([`ProxyState::with_pool`]).
+#[derive(Clone)]
 pub struct ProxyState {
     /// Settings.
     pub config: ServeConfig,
@@ -37,6 +39,17 @@ pub struct ProxyState {
     pub trackers: Arc<TrackerShared>,
     /// `/stats*` handler on this listener, when stats are served here.
     pub stats: Option<axum::Router>,
+}
+
+impl ProxyState {
+    /// A copy of this state with `client` as its upstream pool: a pooled connection's task lives
+    /// on the runtime that opened it, so every serving thread needs its own.
+    pub fn with_pool(&self, client: Client<HttpConnector, Full<Bytes>>) -> ProxyState {
+        ProxyState {
+            client,
+            ..self.clone()
+        }
+    }
 }
 
 /// Handles one request; never fails (every error is an HTTP answer).
@@ -189,15 +202,12 @@ async fn forward(
             );
         };
         let index = l.index;
-        let uri = match upstream_uri(&l.upstream.base, &path_and_query) {
-            Ok(u) => u,
-            Err(_) => {
-                return reject(
-                    tracker,
-                    ProxyError::bad_request("The request path is not valid."),
-                    "invalid path",
-                )
-            }
+        let Ok(uri) = upstream_uri(&l.upstream.base, &path_and_query) else {
+            return reject(
+                tracker,
+                ProxyError::bad_request("The request path is not valid."),
+                "invalid path",
+            );
         };
         let mut up = Request::new(Full::new(upstream_body.clone()));
         *up.method_mut() = parts.method.clone();
@@ -362,11 +372,10 @@ fn classify_client_error(
     e: &hyper_util::client::legacy::Error,
 ) -> (ProxyError, Outcome, &'static str) {
     if e.is_connect() {
-        // The connector reports its own timeout as a plain error, not an io::Error.
-        let timed_out = io_kind(e) == Some(std::io::ErrorKind::TimedOut) || {
-            let d = format!("{e:?}");
-            d.contains("timed out") || d.contains("Timeout")
-        };
+        // The connector's own timeout arrives as an io::Error of kind TimedOut wrapping tokio's
+        // Elapsed; either, anywhere in the chain, is a timeout.
+        let timed_out = io_kind(e) == Some(std::io::ErrorKind::TimedOut)
+            || in_chain::<tokio::time::error::Elapsed>(e);
         let why = match io_kind(e) {
             _ if timed_out => "connect timeout",
             Some(std::io::ErrorKind::ConnectionRefused) => "connection refused",
@@ -376,6 +385,18 @@ fn classify_client_error(
     }
     let why = "upstream closed the connection before answering";
     (ProxyError::bad_gateway(why), Outcome::UpstreamAborted, why)
+}
+
+/// Whether an error of type `T` is `e` or one of its sources.
+fn in_chain<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.is::<T>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {

@@ -57,7 +57,7 @@ mod tests {
             h.append(HeaderName::from_static(k), v.parse().unwrap());
         }
         strip_hop_by_hop(&mut h);
-        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        let left: Vec<&str> = h.keys().map(http::HeaderName::as_str).collect();
         assert_eq!(left, vec!["content-type", "x-keep"]);
     }
 }

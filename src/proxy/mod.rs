@@ -29,15 +29,15 @@ use tokio::task::JoinSet;
 pub use body::BoxError;
 pub use forward::ProxyState;
 pub use headers::strip_hop_by_hop;
-pub use tracker::{InFlight, Observer, RequestMeta, Tracker, TrackerShared};
+pub use tracker::{InFlight, RequestMeta, Tracker, TrackerShared};
 
 use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
-use crate::clock::{Clock, UnixNanos};
+use crate::clock::Clock;
 use crate::config::{ServeArgs, ServeConfig};
 use crate::fleet::Upstreams;
 use crate::meter::{spawn_meter, stats_router, FleetStats, MeterHandle, StatsContext};
-use crate::record::RequestRecord;
-use crate::scrape::{spawn_scraper, ScrapeConfig, ScrapeCounters};
+use crate::observe::Observer;
+use crate::scrape::{spawn_scraper, SampleSink, ScrapeConfig, ScrapeCounters};
 
 /// The body of every response the proxy sends.
 pub enum ProxyBody {
@@ -203,22 +203,14 @@ pub async fn spawn(
     let mut background = Vec::new();
     let mut scrape = None;
     let mut per_upstream_scrape = Vec::new();
-    for (i, u) in resolved.iter().enumerate() {
-        let Some(url) = u.metrics.clone() else {
-            per_upstream_scrape.push(None);
-            continue;
-        };
-        let cfg = ScrapeConfig::new(url, config.metrics_scrape_interval_s);
-        let c = Arc::new(ScrapeCounters::default());
-        let target = upstream_meters.get(i).unwrap_or(&meter).clone();
-        target.enable_server_crosscheck(config.disagreement_threshold_pct);
-        // Samples of several replicas in one log would mix in `analyze`'s cross-check.
-        let sink = if several { None } else { log_sink.clone() };
-        background.push(spawn_scraper(cfg.clone(), target, sink, c.clone()));
-        if !several {
-            scrape = Some((cfg.clone(), c.clone()));
-        }
-        per_upstream_scrape.push(Some((cfg, c)));
+    for u in &resolved {
+        per_upstream_scrape.push(u.metrics.clone().map(|url| {
+            let cfg = ScrapeConfig::new(url, config.metrics_scrape_interval_s);
+            (cfg, Arc::new(ScrapeCounters::default()))
+        }));
+    }
+    if !several {
+        scrape = per_upstream_scrape[0].clone();
     }
     if config.routing.models_refresh_s > 0.0 {
         background.push(crate::fleet::models::spawn_model_refresh(
@@ -238,7 +230,7 @@ pub async fn spawn(
             fleet: Some(FleetStats {
                 upstreams: upstreams.clone(),
                 meters: upstream_meters.clone(),
-                scrape: per_upstream_scrape,
+                scrape: per_upstream_scrape.clone(),
             }),
         },
     );
@@ -259,10 +251,30 @@ pub async fn spawn(
         Duration::from_secs(config.meter.cold_start_idle_s),
     );
     trackers.per_upstream = upstream_meters
-        .into_iter()
-        .map(|m| Arc::new(m) as Arc<dyn Observer>)
+        .iter()
+        .map(|m| Arc::new(m.clone()) as Arc<dyn Observer>)
         .collect();
     let trackers = Arc::new(trackers);
+    for (i, target) in per_upstream_scrape.into_iter().enumerate() {
+        let Some((cfg, counters)) = target else {
+            continue;
+        };
+        let m = upstream_meters.get(i).unwrap_or(&meter).clone();
+        m.enable_server_crosscheck(config.disagreement_threshold_pct);
+        let mut sinks: Vec<SampleSink> = vec![Box::new(move |s| m.server_sample(s.clone()))];
+        // Samples of several replicas in one log would mix in `analyze`'s cross-check.
+        if let (Some(log), false) = (log_sink.clone(), several) {
+            sinks.push(Box::new(move |s| log.server_sample(Arc::new(s.clone()))));
+        }
+        let in_flight: Box<dyn Fn() -> u64 + Send + Sync> = if several {
+            let u = upstreams.list()[i].clone();
+            Box::new(move || u.in_flight())
+        } else {
+            let t = trackers.clone();
+            Box::new(move || t.in_flight.current())
+        };
+        background.push(spawn_scraper(cfg, in_flight, sinks, counters));
+    }
     let state = Arc::new(ProxyState {
         upstreams,
         client: upstream_client(&config),
@@ -274,7 +286,12 @@ pub async fn spawn(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut serving = Vec::new();
     for i in 0..serving_threads(&state.config) {
-        serving.push(serve_on_own_thread(i, state.clone(), stop_rx.clone())?);
+        serving.push(serve_on_own_thread(
+            i,
+            false,
+            state.clone(),
+            stop_rx.clone(),
+        )?);
     }
     let task = tokio::spawn(accept_loop(
         listener,
@@ -324,7 +341,7 @@ fn serve_stats_on_own_thread(
                         let _ = stopped.await;
                     })
                     .await;
-            })
+            });
         })?;
     Ok(stop)
 }
@@ -344,15 +361,16 @@ fn upstream_client(config: &ServeConfig) -> Client<HttpConnector, http_body_util
 /// Threads that accept and serve connections: one per core unless `serving_threads` says.
 fn serving_threads(config: &ServeConfig) -> usize {
     match config.serving_threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
         n => n,
     }
 }
 
-/// A serving thread: where to hand it connections, and word of its end.
+/// A serving thread: where to hand it connections, word of its end, and the thread to join.
 struct ServingThread {
     conns: tokio::sync::mpsc::UnboundedSender<(std::net::TcpStream, SocketAddr)>,
     done: oneshot::Receiver<()>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 /// Serves the connections it is handed on a thread with a single-threaded runtime of its own, as
@@ -361,6 +379,7 @@ struct ServingThread {
 /// for about one streamed event in seven at 16 streams).
 fn serve_on_own_thread(
     index: usize,
+    replacement: bool,
     shared: Arc<ProxyState>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<ServingThread> {
@@ -369,22 +388,17 @@ fn serve_on_own_thread(
         .build()?;
     let (conns, mut incoming) = tokio::sync::mpsc::unbounded_channel();
     let (done, finished) = oneshot::channel();
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name(format!("tokenmeter-serve-{index}"))
         .spawn(move || {
             runtime.block_on(async move {
                 // Each thread pools its own upstream connections (a pooled connection's task
-                // lives on the runtime that opened it); the first uses the template's pool.
-                let state = if index == 0 {
+                // lives on the runtime that opened it); the first uses the template's pool, a
+                // replacement never (the pool's tasks died with the thread it replaces).
+                let state = if index == 0 && !replacement {
                     shared
                 } else {
-                    Arc::new(ProxyState {
-                        client: upstream_client(&shared.config),
-                        config: shared.config.clone(),
-                        upstreams: shared.upstreams.clone(),
-                        trackers: shared.trackers.clone(),
-                        stats: shared.stats.clone(),
-                    })
+                    Arc::new(shared.with_pool(upstream_client(&shared.config)))
                 };
                 let builder = connection_builder(&state.config);
                 let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -427,6 +441,7 @@ fn serve_on_own_thread(
     Ok(ServingThread {
         conns,
         done: finished,
+        thread,
     })
 }
 
@@ -462,7 +477,7 @@ async fn accept_loop(
     listener: TcpListener,
     mut shutdown: oneshot::Receiver<()>,
     stop: tokio::sync::watch::Sender<bool>,
-    serving: Vec<ServingThread>,
+    mut serving: Vec<ServingThread>,
     state: Arc<ProxyState>,
     log: Option<Arc<AccessLogWriter>>,
     background: Background,
@@ -483,8 +498,25 @@ async fn accept_loop(
                 };
                 let _ = stream.set_nodelay(true);
                 let Ok(stream) = stream.into_std() else { continue };
-                let _ = serving[next % serving.len()].conns.send((stream, remote));
+                let i = next % serving.len();
                 next = next.wrapping_add(1);
+                if let Err(refused) = serving[i].conns.send((stream, remote)) {
+                    // Its thread is gone (a panic outside any connection task): say so, start
+                    // a replacement, and hand this connection to it rather than close it.
+                    tracing::error!(thread = i, "a serving thread died; starting a replacement");
+                    match serve_on_own_thread(i, true, state.clone(), stop.subscribe()) {
+                        Ok(t) => {
+                            let _ = t.conns.send(refused.0);
+                            let dead = std::mem::replace(&mut serving[i], t);
+                            if let Err(panic) = dead.thread.join() {
+                                tracing::error!(thread = i, panic = ?panic.downcast_ref::<&str>(), "the dead serving thread panicked");
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(thread = i, error = %e, "cannot start a replacement serving thread; the connection is closed");
+                        }
+                    }
+                }
             }
         }
     }
@@ -501,6 +533,8 @@ async fn accept_loop(
     let _ = stop.send(true);
     for t in serving {
         let _ = t.done.await;
+        // It has sent `done` as its last act, so this returns at once.
+        let _ = t.thread.join();
     }
     if let Some(o) = background.otlp {
         // Records every finished request, then one last export (blocking: off the runtime).
@@ -547,22 +581,6 @@ pub async fn wait_for_shutdown_signal(on_hup: impl Fn()) {
             _ = term.recv() => return,
             _ = int.recv() => return,
             _ = hup.recv() => on_hup(),
-        }
-    }
-}
-
-impl Observer for MeterHandle {
-    fn started(&self, id: u64, now: UnixNanos, user: &Arc<str>, model: Option<&Arc<str>>) {
-        MeterHandle::started(self, id, now, user.clone(), model.cloned());
-    }
-
-    fn tokens(&self, id: u64, now: UnixNanos, completion_tokens: u64) {
-        MeterHandle::tokens(self, id, now, completion_tokens);
-    }
-
-    fn finished(&self, now: UnixNanos, record: &Arc<RequestRecord>, metered: bool) {
-        if record.is_generation() {
-            MeterHandle::finished(self, now, record.clone(), metered);
         }
     }
 }

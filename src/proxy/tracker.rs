@@ -10,20 +10,11 @@ use crate::clock::{format_rfc3339_micros, Clock, UnixNanos, NANOS_PER_SEC};
 use crate::dialect::{Api, EventSummary};
 use crate::fleet::Load;
 use crate::itl::ItlHistogram;
+use crate::observe::Observer;
 use crate::openai::ServerTimings;
 use crate::record::{
     DerivedRates, Outcome, RequestRecord, TokensSource, UserSource, RECORD_SCHEMA,
 };
-
-/// Receives what the proxy measures: request starts, streamed tokens, finished records.
-pub trait Observer: Send + Sync + 'static {
-    /// A generation request arrived.
-    fn started(&self, id: u64, now: UnixNanos, user: &Arc<str>, model: Option<&Arc<str>>);
-    /// `completion_tokens` more tokens of request `id` passed the proxy at `now`.
-    fn tokens(&self, id: u64, now: UnixNanos, completion_tokens: u64);
-    /// A request finished (every request, generation or not); `metered` says if it was started.
-    fn finished(&self, now: UnixNanos, record: &Arc<RequestRecord>, metered: bool);
-}
 
 /// Generation requests in flight, and whether the next arrival follows an idle gap (cold start).
 #[derive(Debug)]
@@ -255,7 +246,7 @@ impl Tracker {
         }
     }
 
-    /// The request's id as logged.
+    /// The request's id as logged: the one place the numeric id is formatted.
     pub fn request_id(&self) -> String {
         format!("tm-{:08x}-{:08x}", self.shared.id_prefix, self.id)
     }
@@ -376,13 +367,13 @@ impl Tracker {
         };
         let record = Arc::new(self.record(outcome, error, now));
         for o in &self.shared.observers {
-            o.finished(now_ns, &record, self.announced);
+            o.finished(self.id, now_ns, &record, self.announced);
         }
         if let Some(load) = self.upstream.take() {
             load.upstream
                 .count_finished(outcome, record.prompt_tokens, record.completion_tokens);
             if let Some(o) = self.shared.per_upstream.get(load.index) {
-                o.finished(now_ns, &record, self.upstream_announced);
+                o.finished(self.id, now_ns, &record, self.upstream_announced);
             }
         }
     }

@@ -6,7 +6,6 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
-use crate::meter::ring::Ring;
 
 use super::sample::ServerSample;
 
@@ -97,10 +96,11 @@ pub fn increase(values: &[f64]) -> (f64, u64) {
     (total, resets)
 }
 
-/// Completion tokens of `ring` attributed to `[t0, t1]`, each second weighted by its overlap.
-pub fn proxy_tokens(ring: &Ring, t0: UnixNanos, t1: UnixNanos) -> f64 {
-    let (a, b) = (t0 / NANOS_PER_SEC, t1.div_ceil(NANOS_PER_SEC));
-    pro_rata(ring.range(a, b).map(|(s, b)| (*s, b.gen_tokens)), t0, t1)
+/// The proxy's completion tokens over an interval, as the cross-check compares them with vLLM's
+/// counter. The meter's ring implements it; this module needs no meter.
+pub trait ProxyTokens {
+    /// Completion tokens attributed to `[t0, t1]`.
+    fn proxy_tokens(&self, t0: UnixNanos, t1: UnixNanos) -> f64;
 }
 
 /// Sum of `(second, tokens)` over `[t0, t1]`, each second weighted by its overlap with it.
@@ -175,9 +175,10 @@ impl ServerTrack {
         self.samples.is_empty()
     }
 
-    /// The `server` object for samples with `from <= ts < to`, the proxy's tokens read from `ring`.
-    pub fn window(&self, from: UnixNanos, to: UnixNanos, ring: &Ring) -> ServerWindow {
-        self.window_with(from, to, |a, b| proxy_tokens(ring, a, b))
+    /// The `server` object for samples with `from <= ts < to`, the proxy's tokens read from
+    /// `proxy` (the meter's ring).
+    pub fn window(&self, from: UnixNanos, to: UnixNanos, proxy: &impl ProxyTokens) -> ServerWindow {
+        self.window_with(from, to, |a, b| proxy.proxy_tokens(a, b))
     }
 
     /// All samples, oldest first.

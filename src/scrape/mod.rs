@@ -4,11 +4,10 @@
 
 pub mod crosscheck;
 pub mod prom_text;
-pub mod report;
 pub mod sample;
 pub mod scraper;
 
 pub use crosscheck::{ServerTrack, ServerWindow};
 pub use prom_text::{HistogramValues, VllmValues};
 pub use sample::{ServerSample, SERVER_SAMPLE_SCHEMA};
-pub use scraper::{spawn_scraper, ScrapeConfig, ScrapeCounters, ScrapeStatus};
+pub use scraper::{spawn_scraper, SampleSink, ScrapeConfig, ScrapeCounters, ScrapeStatus};

@@ -11,9 +11,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 
-use crate::access_log::AccessLogSink;
 use crate::clock::{format_rfc3339_micros, Clock};
-use crate::meter::MeterHandle;
 
 use super::prom_text::{extract, parse};
 use super::sample::ServerSample;
@@ -119,12 +117,17 @@ pub async fn scrape_once(
     Ok(values)
 }
 
-/// Starts the scrape task; samples go to `meter` and, when given, the access log. Abort the
-/// returned handle to stop it.
+/// Somewhere a scraped sample goes (the meter, the access log): the caller wires them, so this
+/// module knows neither.
+pub type SampleSink = Box<dyn Fn(&ServerSample) + Send + Sync>;
+
+/// Starts the scrape task: each sample is stamped with `in_flight()` (the proxy's generation
+/// requests in flight at scrape time) and handed to every sink in turn. Abort the returned
+/// handle to stop it.
 pub fn spawn_scraper(
     cfg: ScrapeConfig,
-    meter: MeterHandle,
-    log: Option<AccessLogSink>,
+    in_flight: impl Fn() -> u64 + Send + 'static,
+    sinks: Vec<SampleSink>,
     counters: Arc<ScrapeCounters>,
 ) -> tokio::task::JoinHandle<()> {
     let mut connector = HttpConnector::new();
@@ -136,7 +139,7 @@ pub fn spawn_scraper(
         let mut last_warn: Option<Instant> = None;
         loop {
             tick.tick().await;
-            let proxy_in_flight = u64::try_from(meter.in_flight()).ok();
+            let proxy_in_flight = Some(in_flight());
             let sent = Clock::global().now();
             let started = Instant::now();
             let result = tokio::time::timeout(cfg.timeout, scrape_once(&client, &cfg.url))
@@ -153,10 +156,9 @@ pub fn spawn_scraper(
                     };
                     counters.ok.fetch_add(1, Ordering::Relaxed);
                     counters.last_ok_ns.store(sample.ts_ns, Ordering::Relaxed);
-                    if let Some(log) = &log {
-                        log.server_sample(Arc::new(sample.clone()));
+                    for sink in &sinks {
+                        sink(&sample);
                     }
-                    meter.server_sample(sample);
                 }
                 Err(e) => {
                     let n = counters.errors.fetch_add(1, Ordering::Relaxed) + 1;

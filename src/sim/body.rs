@@ -61,7 +61,7 @@ impl Body for SseBody {
             }
             match this.rx.poll_recv(cx) {
                 Poll::Ready(Some(Ev::Token { choice, finish })) => {
-                    this.writer.token(choice, finish, &mut this.pending)
+                    this.writer.token(choice, finish, &mut this.pending);
                 }
                 Poll::Ready(Some(Ev::Done(t))) => {
                     this.writer.done(Some(&t), &mut this.pending);

@@ -4,21 +4,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-/// TTFT histogram bounds, seconds (vLLM 0.32's).
-pub const TTFT_BOUNDS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-];
-/// Inter-token latency histogram bounds, seconds (vLLM 0.32's).
-pub const ITL_BOUNDS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0,
-];
-/// Request-latency histogram bounds (e2e, queue), seconds (vLLM 0.32's).
-pub const REQUEST_BOUNDS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-    480.0, 960.0, 1920.0, 7680.0,
-];
+use crate::exposition::{escape_label, header, ITL_BUCKETS, REQUEST_BUCKETS, TTFT_BUCKETS};
 
 /// A cumulative-on-render histogram in seconds.
 #[derive(Debug, Clone)]
@@ -134,10 +120,10 @@ impl Stats {
             resyncs: z(),
             slip_ns: z(),
             locked: Mutex::new(Locked {
-                ttft: Histogram::new(TTFT_BOUNDS),
-                itl: Histogram::new(ITL_BOUNDS),
-                e2e: Histogram::new(REQUEST_BOUNDS),
-                queue: Histogram::new(REQUEST_BOUNDS),
+                ttft: Histogram::new(TTFT_BUCKETS),
+                itl: Histogram::new(ITL_BUCKETS),
+                e2e: Histogram::new(REQUEST_BUCKETS),
+                queue: Histogram::new(REQUEST_BUCKETS),
                 finished_by_reason: [0; 5],
             }),
             ring: (0..window_s.max(1))
@@ -200,7 +186,9 @@ impl Stats {
 
     /// The locked part; a poisoned lock still yields its data (counters stay usable).
     pub fn lock(&self) -> std::sync::MutexGuard<'_, Locked> {
-        self.locked.lock().unwrap_or_else(|e| e.into_inner())
+        self.locked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -209,11 +197,8 @@ pub fn render(stats: &Stats, model: &str, kv_capacity: u64) -> String {
     let mut out = String::with_capacity(8192);
     let labels = format!("engine=\"0\",model_name=\"{}\"", escape_label(model));
     let g = |out: &mut String, name: &str, help: &str, kind: &str, v: f64| {
-        let _ = write!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {}\n",
-            fmt_f(v)
-        );
+        header(out, name, kind, help);
+        let _ = writeln!(out, "{name}{{{labels}}} {}", fmt_f(v));
     };
     g(
         &mut out,
@@ -252,7 +237,12 @@ pub fn render(stats: &Stats, model: &str, kv_capacity: u64) -> String {
         stats.generation_tokens_total.load(Relaxed) as f64,
     );
     let l = stats.lock();
-    out.push_str("# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter\n");
+    header(
+        &mut out,
+        "vllm:request_success_total",
+        "counter",
+        "Count of successfully processed requests.",
+    );
     for (i, reason) in FINISH_LABELS.iter().enumerate() {
         let _ = writeln!(
             out,
@@ -284,7 +274,7 @@ pub fn render(stats: &Stats, model: &str, kv_capacity: u64) -> String {
         ),
     ];
     for (name, help, h) in hists {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        header(&mut out, name, "histogram", help);
         let mut cum = 0;
         for (i, c) in h.counts.iter().enumerate() {
             cum += c;
@@ -313,13 +303,6 @@ fn fmt_f(v: f64) -> String {
     } else {
         format!("{v}")
     }
-}
-
-/// Escapes a Prometheus label value.
-fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

@@ -183,6 +183,8 @@ pub struct SimHandle {
 }
 
 /// Starts the simulator on `listener` and returns at once.
+// async without an await on purpose: it spawns tasks, so it must be called inside a runtime.
+#[allow(clippy::unused_async)]
 pub async fn spawn(
     config: SimConfig,
     listener: tokio::net::TcpListener,

@@ -98,7 +98,7 @@ impl StreamWriter {
     fn finish_event(&self, mut s: String) -> Bytes {
         if self.stamp {
             use std::fmt::Write as _;
-            let _ = write!(s, ",\"tm_sent_ns\":{}", monotonic_ns());
+            let _ = write!(s, ",\"tm_sent_ns\":{}", crate::clock::monotonic_ns());
         }
         s.push_str("}\n\n");
         Bytes::from(s)
@@ -234,18 +234,4 @@ pub fn full_response(
 /// A JSON string literal.
 pub fn json_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
-}
-
-/// CLOCK_MONOTONIC now, nanoseconds (comparable across processes on the same host).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the valid timespec we pass; CLOCK_MONOTONIC always exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -36,7 +36,10 @@ impl Drop for TempDir {
 
 /// The records as JSON lines.
 pub fn lines_of(records: &[RequestRecord]) -> Vec<u8> {
-    records.iter().flat_map(|r| r.to_json_line()).collect()
+    records
+        .iter()
+        .flat_map(tokenmeter::record::RequestRecord::to_json_line)
+        .collect()
 }
 
 /// Writes `bytes` to `path` and returns the path.

@@ -242,33 +242,10 @@ async fn serve_conn(
     }
 }
 
-/// Closes a socket with RST instead of FIN.
+/// Closes a socket with RST instead of FIN (SO_LINGER with a zero timeout).
 pub fn socket2_linger_zero(s: std::net::TcpStream) -> std::net::TcpStream {
-    use std::os::fd::AsRawFd;
-    let linger = libc_linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    unsafe {
-        setsockopt(
-            s.as_raw_fd(),
-            1,  /* SOL_SOCKET */
-            13, /* SO_LINGER */
-            &linger as *const _ as *const _,
-            std::mem::size_of::<libc_linger>() as u32,
-        );
-    }
+    let _ = rustix::net::sockopt::set_socket_linger(&s, Some(std::time::Duration::ZERO));
     s
-}
-
-#[repr(C)]
-struct libc_linger {
-    l_onoff: i32,
-    l_linger: i32,
-}
-
-extern "C" {
-    fn setsockopt(fd: i32, level: i32, name: i32, value: *const std::ffi::c_void, len: u32) -> i32;
 }
 
 /// Reads one request (head and content-length body); None at EOF.
@@ -520,15 +497,38 @@ pub fn reset(stream: TcpStream) {
     drop(socket2_linger_zero(stream.into_std().unwrap()));
 }
 
-/// Starts a tokenmeter process; returns it, the address of its "listening on" line, and its
-/// further stderr lines.
+/// A spawned process that is killed (and reaped) when dropped, so a test that panics never leaves
+/// a server running on the machine. Derefs to the [`std::process::Child`].
+pub struct ChildGuard(pub std::process::Child);
+
+impl std::ops::Deref for ChildGuard {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ChildGuard {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        // Already waited for: nothing to do (kill on a reaped child is a no-op).
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Starts a tokenmeter process; returns it (killed when dropped), the address of its
+/// "listening on" line, and its further stderr lines.
 pub fn spawn_logged(
     cmd: &mut std::process::Command,
-) -> (
-    std::process::Child,
-    SocketAddr,
-    std::sync::mpsc::Receiver<String>,
-) {
+) -> (ChildGuard, SocketAddr, std::sync::mpsc::Receiver<String>) {
     use std::io::BufRead;
     let mut child = cmd
         .stderr(std::process::Stdio::piped())
@@ -558,5 +558,5 @@ pub fn spawn_logged(
                 .unwrap();
         }
     };
-    (child, addr, rx)
+    (ChildGuard(child), addr, rx)
 }

@@ -9,8 +9,8 @@ use serde::Serialize;
 use crate::clock::{format_rfc3339_micros, UnixNanos, NANOS_PER_SEC};
 use crate::meter::replay::Timeline;
 
-use super::crosscheck::{pro_rata, ServerTrack, ServerWindow};
-use super::sample::ServerSample;
+use crate::scrape::crosscheck::{pro_rata, ServerTrack, ServerWindow};
+use crate::scrape::sample::ServerSample;
 
 /// One compared interval.
 #[derive(Debug, Clone, PartialEq, Serialize)]
