@@ -212,7 +212,8 @@ pub async fn spawn(
     if !several {
         scrape = per_upstream_scrape[0].clone();
     }
-    if config.routing.models_refresh_s > 0.0 {
+    // With one replica there is nothing to choose: its model list is never read.
+    if several && config.routing.models_refresh_s > 0.0 {
         background.push(crate::fleet::models::spawn_model_refresh(
             upstreams.clone(),
             Duration::from_secs_f64(config.routing.models_refresh_s),
