@@ -12,7 +12,12 @@ use hyper_util::rt::TokioExecutor;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 use crate::config::ServeConfig;
+use crate::load::Api;
 use crate::sim::SimConfig;
+
+/// The APIs the synthetic agents speak, by agent index: a team whose agents differ (a chat client,
+/// a Codex-style Responses agent, a Claude-Code-style Messages agent, a completions tool).
+const AGENT_APIS: [Api; 4] = [Api::Chat, Api::Responses, Api::Messages, Api::Completions];
 
 /// Arguments of `tokenmeter demo`.
 #[derive(Debug, clap::Args)]
@@ -63,7 +68,14 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     println!("                      -H 'x-tokenmeter-user: me' -d '{{\"model\":\"sim-model\",\"stream\":true,\"max_tokens\":20,\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'");
     println!();
     if args.agents > 0 {
-        println!("{} synthetic agents are sending requests (varied prompts, some streaming); Ctrl-C stops.", args.agents);
+        let apis: Vec<&str> = (0..args.agents.min(AGENT_APIS.len()))
+            .map(|i| AGENT_APIS[i].as_str())
+            .collect();
+        println!(
+            "{} synthetic agents are sending requests (varied prompts, some streaming; APIs: {}); Ctrl-C stops.",
+            args.agents,
+            apis.join(", ")
+        );
     } else {
         println!("No synthetic agents (--agents 0); Ctrl-C stops.");
     }
@@ -84,8 +96,10 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One synthetic agent: requests of varied size, streaming or not, with think time between.
+/// One synthetic agent: requests of varied size in its API ([`AGENT_APIS`]), streaming or not,
+/// with think time between.
 async fn agent(proxy: SocketAddr, index: usize) {
+    let api = AGENT_APIS[index % AGENT_APIS.len()];
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     let mut rng = SmallRng::seed_from_u64(index as u64 + 1);
@@ -97,16 +111,15 @@ async fn agent(proxy: SocketAddr, index: usize) {
             .collect();
         let stream = rng.gen_bool(0.7);
         let max_tokens = rng.gen_range(20..300);
-        let body = serde_json::json!({
-            "model": "sim-model",
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens,
-            "stream": stream,
-        });
-        let req = http::Request::post(format!("http://{proxy}/v1/chat/completions"))
+        let body =
+            crate::load::api::body(api, "sim-model", &prompt, max_tokens, stream, false, None);
+        let mut req = http::Request::post(format!("http://{proxy}{}", crate::load::api::path(api)))
             .header("content-type", "application/json")
-            .header("x-tokenmeter-user", &user)
-            .body(Full::new(Bytes::from(body.to_string())));
+            .header("x-tokenmeter-user", &user);
+        if api == Api::Messages {
+            req = req.header("anthropic-version", "2023-06-01");
+        }
+        let req = req.body(Full::new(Bytes::from(body)));
         if let Ok(req) = req {
             if let Ok(resp) = client.request(req).await {
                 let _ = resp.into_body().collect().await;

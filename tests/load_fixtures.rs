@@ -53,6 +53,7 @@ async fn chat(fixture: &str, stream: bool) -> tokenmeter::load::RequestResult {
     let url = replay(raw).await;
     let client = HttpClient::new(url, None, None, Duration::from_secs(5));
     let spec = ChatSpec {
+        api: tokenmeter::load::Api::Chat,
         model: "tiny-llama".into(),
         prompt: "hi".into(),
         max_tokens: 8,

@@ -3,7 +3,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::event::{error_text, parse_event, StreamEvent};
+use super::api::{self, Api};
+use super::event::error_text;
 use super::result::{finish, Partial, RequestResult};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -38,9 +39,11 @@ pub fn normalize_base_url(url: &str) -> anyhow::Result<String> {
     Ok(base.to_owned())
 }
 
-/// What one chat request asks for.
+/// What one generation request asks for (in the API of `api`).
 #[derive(Debug, Clone)]
 pub struct ChatSpec {
+    /// The API spoken (route, body, event reading).
+    pub api: Api,
     /// `model` of the body.
     pub model: String,
     /// The single user message.
@@ -100,11 +103,21 @@ impl HttpClient {
     }
 
     fn request(&self, method: http::Method, path: &str) -> http::request::Builder {
+        self.request_as(method, path, Api::Chat)
+    }
+
+    /// A request carrying the key the way clients of `api` send it.
+    fn request_as(&self, method: http::Method, path: &str, api: Api) -> http::request::Builder {
         let mut b = http::Request::builder()
             .method(method)
             .uri(format!("{}{}", self.base, path));
-        if let Some(key) = &self.api_key {
-            b = b.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
+        if api::key_in_x_api_key(api) {
+            b = b.header("anthropic-version", "2023-06-01");
+        }
+        match &self.api_key {
+            Some(key) if api::key_in_x_api_key(api) => b = b.header("x-api-key", key.as_str()),
+            Some(key) => b = b.header(http::header::AUTHORIZATION, format!("Bearer {key}")),
+            None => {}
         }
         if let Some(user) = &self.user {
             b = b.header("x-tokenmeter-user", user.as_str());
@@ -145,8 +158,8 @@ impl HttpClient {
             .ok_or_else(|| anyhow::anyhow!("GET /v1/models listed no model id; pass --model"))
     }
 
-    /// Sends one chat completion and times it; never fails, failures are in the result.
-    /// `live_events` is bumped for every streamed choice with text (progress display).
+    /// Sends one generation request in `spec.api` and times it; never fails, failures are in the
+    /// result. `live_events` is bumped for every streamed output event (progress display).
     pub async fn chat(
         &self,
         slot: usize,
@@ -154,15 +167,23 @@ impl HttpClient {
         live_events: &AtomicU64,
     ) -> RequestResult {
         let mut p = Partial::default();
-        let body = chat_body(spec, self.user.as_deref());
+        let body = api::body(
+            spec.api,
+            &spec.model,
+            &spec.prompt,
+            spec.max_tokens,
+            spec.stream,
+            spec.ignore_eos,
+            self.user.as_deref(),
+        );
         let req = self
-            .request(http::Method::POST, "/v1/chat/completions")
+            .request_as(http::Method::POST, api::path(spec.api), spec.api)
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)));
         let start = Instant::now();
         let outcome = match req {
             Ok(req) => {
-                let fut = self.exchange(req, spec.stream, start, &mut p, live_events);
+                let fut = self.exchange(req, spec, start, &mut p, live_events);
                 match tokio::time::timeout(self.timeout, fut).await {
                     Ok(r) => r,
                     Err(_) => Err(format!("timed out after {:?}", self.timeout)),
@@ -177,7 +198,7 @@ impl HttpClient {
     async fn exchange(
         &self,
         req: http::Request<Full<Bytes>>,
-        stream: bool,
+        spec: &ChatSpec,
         start: Instant,
         p: &mut Partial,
         live_events: &AtomicU64,
@@ -192,7 +213,7 @@ impl HttpClient {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json"));
         let mut body = resp.into_body();
-        if !status.is_success() || !stream || json_reply {
+        if !status.is_success() || !spec.stream || json_reply {
             let bytes = read_limited(body).await.map_err(|e| format!("{e:#}"))?;
             let json: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
             if !status.is_success() {
@@ -201,35 +222,24 @@ impl HttpClient {
                     None => String::from_utf8_lossy(&bytes).into_owned(),
                 });
             }
-            p.usage = json
-                .as_ref()
-                .and_then(|v| v.get("usage"))
-                .and_then(|u| serde_json::from_value(u.clone()).ok());
+            p.usage = api::body_usage(spec.api, &bytes);
             return Ok(());
         }
         p.sse = true;
         let mut scanner = crate::sse::SseScanner::new(MAX_EVENT_BYTES);
-        let mut on_event = |data: &[u8]| match parse_event(data) {
-            StreamEvent::Chunk {
-                has_choices,
-                content_choices,
-                usage,
-            } => {
-                if has_choices && p.ttft.is_none() {
-                    p.ttft = Some(start.elapsed());
-                }
-                if content_choices > 0 {
-                    p.content_events += u64::from(content_choices);
-                    live_events.fetch_add(u64::from(content_choices), Ordering::Relaxed);
-                }
-                if usage.is_some() {
-                    p.usage = usage;
-                }
+        let mut on_event = |data: &[u8]| {
+            let ev = api::read_event(spec.api, data);
+            if ev.ttft && p.ttft.is_none() {
+                p.ttft = Some(start.elapsed());
             }
-            StreamEvent::Error(msg) => {
+            if ev.output > 0 {
+                p.content_events += u64::from(ev.output);
+                live_events.fetch_add(u64::from(ev.output), Ordering::Relaxed);
+            }
+            ev.merge_into(&mut p.usage);
+            if let Some(msg) = ev.error {
                 p.error.get_or_insert(msg);
             }
-            StreamEvent::Done | StreamEvent::Unparsable => {}
         };
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| format!("reading stream: {}", error_chain(&e)))?;
@@ -262,26 +272,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// The JSON body of a chat request.
-fn chat_body(spec: &ChatSpec, user: Option<&str>) -> Vec<u8> {
-    let mut body = serde_json::json!({
-        "model": spec.model,
-        "messages": [{"role": "user", "content": spec.prompt}],
-        "max_tokens": spec.max_tokens,
-        "stream": spec.stream,
-    });
-    if spec.stream {
-        body["stream_options"] = serde_json::json!({"include_usage": true});
-    }
-    if let Some(u) = user {
-        body["user"] = serde_json::Value::from(u);
-    }
-    if spec.ignore_eos {
-        body["ignore_eos"] = serde_json::Value::Bool(true);
-    }
-    serde_json::to_vec(&body).unwrap_or_default()
-}
-
 async fn read_limited(body: hyper::body::Incoming) -> anyhow::Result<Bytes> {
     let limited = http_body_util::Limited::new(body, MAX_BODY_BYTES);
     let collected = limited
@@ -312,21 +302,5 @@ mod tests {
         assert!(normalize_base_url("https://h").is_err());
         assert!(normalize_base_url("h:8000").is_err());
         assert!(normalize_base_url("http://").is_err());
-    }
-
-    #[test]
-    fn body_has_usage_option_user_and_ignore_eos() {
-        let spec = ChatSpec {
-            model: "m".into(),
-            prompt: "p".into(),
-            max_tokens: 7,
-            stream: true,
-            ignore_eos: true,
-        };
-        let v: serde_json::Value = serde_json::from_slice(&chat_body(&spec, Some("u"))).unwrap();
-        assert_eq!(v["stream_options"]["include_usage"], true);
-        assert_eq!(v["user"], "u");
-        assert_eq!(v["ignore_eos"], true);
-        assert_eq!(v["max_tokens"], 7);
     }
 }

@@ -2,15 +2,17 @@
 //! server reachable over `http://`.
 //!
 //! `--url` may be given with or without a trailing `/v1` (and with or without a trailing `/`):
-//! requests go to `{base}/v1/chat/completions`, models are listed from `{base}/v1/models`, and a
+//! requests go to `{base}/v1/chat/completions` (or the route of `--api`), models are listed from `{base}/v1/models`, and a
 //! tokenmeter proxy is probed at `{base}/stats`.
 //!
 //! Definitions (per request, see [`RequestResult`]):
 //! - `e2e_ms`: from just before the request is handed to the connection pool (so a new
 //!   connection's setup is included) to the end of the response body;
-//! - `ttft_ms` (streaming only): to the first event whose `choices` is non-empty;
-//! - `completion_tokens`: the final `usage` (`stream_options.include_usage` is sent); without
-//!   it, streamed choices with text are counted and the result says so (`tokens_from`);
+//! - `ttft_ms` (streaming only): to the first event whose `choices` is non-empty (chat,
+//!   completions), or the first output delta (Responses, Messages; see [`api`]);
+//! - `completion_tokens`: the final `usage` (`stream_options.include_usage` is sent to chat and
+//!   completions; Responses and Messages always report it); without it, streamed output events
+//!   are counted and the result says so (`tokens_from`);
 //! - `tok_s = completion_tokens / e2e`.
 //!
 //! Burst sweep (per level, see [`LevelReport`]): one warm-up request first (reported apart), then
@@ -25,6 +27,7 @@
 //! Behind a tokenmeter proxy, its 10 s windows are sampled; their steady `gen_tok_s` is the
 //! stable figure, the client aggregate drifts with where the deadline cuts the requests.
 
+pub mod api;
 pub mod burst;
 pub mod client;
 pub mod duration;
@@ -40,6 +43,7 @@ pub mod table;
 
 use std::time::{Duration, Instant};
 
+pub use api::Api;
 pub use client::{ChatSpec, HttpClient};
 pub use progress::{NoProgress, Progress, ProgressEvent, StderrProgress};
 pub use report::{BurstReport, LevelReport, LoadReport, SustainedReport};
@@ -72,6 +76,10 @@ pub struct LoadArgs {
     /// Length of the sustained run (e.g. 60s, 2m, 500ms).
     #[arg(long, default_value = "60s", value_parser = duration::parse_duration)]
     pub duration: Duration,
+    /// The generation API to speak: chat, completions, responses (OpenAI Responses) or messages
+    /// (Anthropic Messages, key sent as x-api-key).
+    #[arg(long, value_parser = api::parse_api, default_value = "chat")]
+    pub api: Api,
     /// Stream responses (the default).
     #[arg(long, overrides_with = "no_stream")]
     pub stream: bool,
@@ -138,6 +146,8 @@ pub struct LoadOptions {
     pub url: String,
     /// Method and its parameters.
     pub method: LoadMethod,
+    /// The generation API spoken.
+    pub api: Api,
     /// Stream responses.
     pub stream: bool,
     /// max_tokens; None picks the method's default.
@@ -182,6 +192,7 @@ impl LoadOptions {
         Self {
             url,
             method,
+            api: Api::Chat,
             stream: true,
             max_tokens: None,
             model: None,
@@ -228,6 +239,7 @@ impl From<LoadArgs> for LoadOptions {
         Self {
             url: a.url,
             method,
+            api: a.api,
             stream: !a.no_stream,
             max_tokens: a.max_tokens,
             model: a.model,
@@ -259,6 +271,7 @@ pub async fn run(opts: LoadOptions, progress: impl Progress) -> anyhow::Result<L
         LoadMethod::Sustained { .. } => DEFAULT_SUSTAINED_MAX_TOKENS,
     };
     let spec = ChatSpec {
+        api: opts.api,
         model: model.clone(),
         prompt: String::new(),
         max_tokens: opts.max_tokens.unwrap_or(default_max),
@@ -270,6 +283,7 @@ pub async fn run(opts: LoadOptions, progress: impl Progress) -> anyhow::Result<L
         schema: report::LOAD_REPORT_SCHEMA,
         base_url: base,
         model,
+        api: spec.api,
         stream: spec.stream,
         max_tokens: spec.max_tokens,
         ignore_eos: spec.ignore_eos,

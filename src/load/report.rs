@@ -170,6 +170,8 @@ pub struct LoadReport {
     pub base_url: String,
     /// Model requested.
     pub model: String,
+    /// The generation API spoken (`chat`, `completions`, `responses`, `messages`).
+    pub api: super::Api,
     /// Whether requests streamed.
     pub stream: bool,
     /// `max_tokens` of every request.

@@ -16,7 +16,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::engine::{Ev, Finish, Timings};
 use super::metrics::Stats;
-use super::wire::StreamWriter;
+use super::wire::EventWriter;
 use crate::clock::{Clock, NANOS_PER_SEC};
 
 /// An SSE body fed by the engine through a bounded per-request channel.
@@ -26,18 +26,20 @@ use crate::clock::{Clock, NANOS_PER_SEC};
 #[derive(Debug)]
 pub struct SseBody {
     rx: mpsc::Receiver<Ev>,
-    writer: StreamWriter,
+    writer: EventWriter,
     pending: VecDeque<Bytes>,
     finished: bool,
 }
 
 impl SseBody {
     /// A body reading `rx`, formatting with `writer`.
-    pub fn new(rx: mpsc::Receiver<Ev>, writer: StreamWriter) -> Self {
+    pub fn new(rx: mpsc::Receiver<Ev>, mut writer: EventWriter) -> Self {
+        let mut pending = VecDeque::with_capacity(4);
+        writer.start(&mut pending);
         SseBody {
             rx,
             writer,
-            pending: VecDeque::with_capacity(4),
+            pending,
             finished: false,
         }
     }
@@ -79,7 +81,7 @@ impl Body for SseBody {
 /// `gap`, on absolute deadlines (one timer per stream; no batching model). Counts into the ground truth.
 #[derive(Debug)]
 pub struct FixedBody {
-    writer: StreamWriter,
+    writer: EventWriter,
     stats: Arc<Stats>,
     sleep: Pin<Box<Sleep>>,
     start: Instant,
@@ -98,7 +100,7 @@ impl FixedBody {
     /// A fixed-pace stream of `events` events for `n` choices; takes `n` running slots until done.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        writer: StreamWriter,
+        writer: EventWriter,
         stats: Arc<Stats>,
         arrival_ns: u64,
         ttft: Duration,
@@ -107,6 +109,9 @@ impl FixedBody {
         n: u32,
         prompt_tokens: u64,
     ) -> Self {
+        let mut writer = writer;
+        let mut pending = VecDeque::with_capacity(4);
+        writer.start(&mut pending);
         let start = Instant::now();
         stats.running.fetch_add(u64::from(n), Relaxed);
         FixedBody {
@@ -121,7 +126,7 @@ impl FixedBody {
             sent: 0,
             n,
             prompt_tokens,
-            pending: VecDeque::with_capacity(4),
+            pending,
             finished: false,
         }
     }

@@ -18,7 +18,7 @@ use super::metrics::{self, Stats};
 use super::prompt::token_text;
 use super::request::{self, ApiError, Endpoint, GenRequest};
 use super::scheduler::ChannelJob;
-use super::wire::{self, ChoiceOut, StreamWriter};
+use super::wire::{self, ChoiceOut, EventWriter};
 use crate::clock::{Clock, NANOS_PER_SEC};
 
 /// Response body type of every route.
@@ -122,9 +122,20 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<SimBody> 
                 app.cfg.kv_cache_tokens,
             ),
         ),
-        "/v1/chat/completions" | "/v1/completions" if !post => method_not_allowed("POST"),
+        "/v1/chat/completions"
+        | "/v1/completions"
+        | "/v1/responses"
+        | "/v1/messages"
+        | "/v1/messages/count_tokens"
+            if !post =>
+        {
+            method_not_allowed("POST")
+        }
         "/v1/chat/completions" => generate(app, Endpoint::Chat, req).await,
         "/v1/completions" => generate(app, Endpoint::Completions, req).await,
+        "/v1/responses" => generate(app, Endpoint::Responses, req).await,
+        "/v1/messages" => generate(app, Endpoint::Messages, req).await,
+        "/v1/messages/count_tokens" => count_tokens(app, req).await,
         _ => json(404, r#"{"detail":"Not Found"}"#),
     }
 }
@@ -147,30 +158,56 @@ fn models_body(app: &App) -> String {
     .to_string()
 }
 
-async fn generate(app: Arc<App>, endpoint: Endpoint, req: Request<Incoming>) -> Response<SimBody> {
-    let arrival_ns = Clock::global().now();
+/// The request's content type and body (at most `max_body_bytes`).
+async fn read_body(app: &App, req: Request<Incoming>) -> Result<(Option<String>, Bytes), ApiError> {
     let ct = req
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let body = match Limited::new(req.into_body(), app.cfg.max_body_bytes)
+    match Limited::new(req.into_body(), app.cfg.max_body_bytes)
         .collect()
         .await
     {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return api_error(request::error(
-                400,
-                "BadRequestError",
-                "Request body unreadable or too large.",
-                None,
-            ))
-        }
+        Ok(b) => Ok((ct, b.to_bytes())),
+        Err(_) => Err(request::error(
+            400,
+            "BadRequestError",
+            "Request body unreadable or too large.",
+            None,
+        )),
+    }
+}
+
+/// An error in the shape of `endpoint`'s API.
+fn endpoint_error(endpoint: Endpoint, e: ApiError) -> Response<SimBody> {
+    match endpoint {
+        Endpoint::Messages => api_error(request::to_anthropic(e)),
+        _ => api_error(e),
+    }
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt estimate; nothing is generated or counted.
+async fn count_tokens(app: Arc<App>, req: Request<Incoming>) -> Response<SimBody> {
+    let counted = match read_body(&app, req).await {
+        Ok((ct, body)) => request::count_tokens(ct.as_deref(), &body, &app.cfg),
+        Err(e) => Err(e),
     };
-    let gen = match request::parse(endpoint, ct.as_deref(), &body, &app.cfg) {
+    match counted {
+        Ok(n) => json(200, super::wire_messages::count_tokens_body(n)),
+        Err(e) => endpoint_error(Endpoint::Messages, e),
+    }
+}
+
+async fn generate(app: Arc<App>, endpoint: Endpoint, req: Request<Incoming>) -> Response<SimBody> {
+    let arrival_ns = Clock::global().now();
+    let parsed = match read_body(&app, req).await {
+        Ok((ct, body)) => request::parse(endpoint, ct.as_deref(), &body, &app.cfg),
+        Err(e) => Err(e),
+    };
+    let gen = match parsed {
         Ok(g) => g,
-        Err(e) => return api_error(e),
+        Err(e) => return endpoint_error(endpoint, e),
     };
     let created_s = arrival_ns / NANOS_PER_SEC;
     let model = app.cfg.served_model_name.as_str();
@@ -195,15 +232,18 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, req: Request<Incoming>) -> 
         app.stats
             .inflight
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        return api_error(request::error(
-            503,
-            "ServiceUnavailableError",
-            "The engine is shut down.",
-            None,
-        ));
+        return endpoint_error(
+            endpoint,
+            request::error(
+                503,
+                "ServiceUnavailableError",
+                "The engine is shut down.",
+                None,
+            ),
+        );
     }
     if gen.stream {
-        let writer = StreamWriter::new(
+        let writer = EventWriter::new(
             &gen,
             model,
             created_s,
@@ -274,7 +314,7 @@ async fn fixed_pace(
     let model = app.cfg.served_model_name.as_str();
     let stats = Arc::clone(&app.stats);
     if gen.stream {
-        let writer = StreamWriter::new(
+        let writer = EventWriter::new(
             gen,
             model,
             created_s,

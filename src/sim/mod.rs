@@ -12,7 +12,10 @@ pub mod prompt;
 pub mod request;
 pub mod scheduler;
 pub mod statslog;
+pub mod tools;
 pub mod wire;
+pub mod wire_messages;
+pub mod wire_responses;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -4,6 +4,7 @@ use serde_json::{Map, Value};
 
 use super::config::SimConfig;
 use super::prompt;
+use super::tools::{self, ForcedTool, ToolShape};
 
 /// Which generation endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,6 +13,25 @@ pub enum Endpoint {
     Chat,
     /// POST /v1/completions.
     Completions,
+    /// POST /v1/responses (OpenAI Responses API).
+    Responses,
+    /// POST /v1/messages (Anthropic Messages API).
+    Messages,
+}
+
+/// What a Responses answer echoes of its request (the `response` object's request fields).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponsesEcho {
+    /// `instructions`, when sent.
+    pub instructions: Option<String>,
+    /// `temperature` (1.0 when not sent).
+    pub temperature: f64,
+    /// `top_p` (1.0 when not sent).
+    pub top_p: f64,
+    /// `tool_choice` as JSON text (`"none"` without tools, as vLLM shows it).
+    pub tool_choice: String,
+    /// `tools` as JSON text, each function tool in vLLM's field order.
+    pub tools: String,
 }
 
 /// A validated generation request.
@@ -33,6 +53,10 @@ pub struct GenRequest {
     pub max_tokens: u64,
     /// Per choice: stop rule position (`None` = runs to max_tokens).
     pub stop_after: Vec<Option<u64>>,
+    /// The tool call the request forces (see [`tools`]), if any.
+    pub tool: Option<ForcedTool>,
+    /// Responses only: the request fields its answer echoes.
+    pub echo: Option<Box<ResponsesEcho>>,
 }
 
 /// An error response: status and the JSON body.
@@ -51,6 +75,21 @@ pub fn error(status: u16, kind: &str, message: &str, param: Option<&str>) -> Api
     });
     ApiError {
         status,
+        body: body.to_string(),
+    }
+}
+
+/// The same error in the Anthropic Messages shape, `{"type":"error","error":{type,message}}`, as
+/// vLLM's `/v1/messages` route answers.
+pub fn to_anthropic(e: ApiError) -> ApiError {
+    let v: Value = serde_json::from_str(&e.body).unwrap_or(Value::Null);
+    let inner = &v["error"];
+    let body = serde_json::json!({
+        "type": "error",
+        "error": {"type": inner["type"], "message": inner["message"]}
+    });
+    ApiError {
+        status: e.status,
         body: body.to_string(),
     }
 }
@@ -92,13 +131,8 @@ fn json_error_pos(body: &[u8], e: &serde_json::Error) -> usize {
     (line_start + e.column()).min(body.len())
 }
 
-/// Parses and validates a generation request body against `cfg`, in vLLM's order of checks.
-pub fn parse(
-    endpoint: Endpoint,
-    content_type: Option<&str>,
-    body: &[u8],
-    cfg: &SimConfig,
-) -> Result<GenRequest, ApiError> {
+/// The body as a JSON object, or vLLM's 400 for a wrong content type, bad JSON or a non-object.
+fn json_object(content_type: Option<&str>, body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     if !is_json_content_type(content_type) {
         return Err(error(
             400,
@@ -117,21 +151,40 @@ pub fn parse(
             ", 'ctx': {'error': 'Expecting value'}",
         )
     })?;
-    let Value::Object(obj) = &v else {
-        return Err(validation(
-            "model_attributes_type",
-            "body",
-            "Input should be a valid dictionary or object to extract fields from",
-            &py_repr(&v),
-            "",
-        ));
+    let obj = match v {
+        Value::Object(o) => o,
+        other => {
+            return Err(validation(
+                "model_attributes_type",
+                "body",
+                "Input should be a valid dictionary or object to extract fields from",
+                &py_repr(&other),
+                "",
+            ))
+        }
     };
+    Ok(obj)
+}
+
+/// Parses and validates a generation request body against `cfg`, in vLLM's order of checks.
+pub fn parse(
+    endpoint: Endpoint,
+    content_type: Option<&str>,
+    body: &[u8],
+    cfg: &SimConfig,
+) -> Result<GenRequest, ApiError> {
+    let owned = json_object(content_type, body)?;
+    let obj = &owned;
     let (texts, prompt_tokens) = match endpoint {
         Endpoint::Chat => chat_prompt(obj)?,
         Endpoint::Completions => completion_prompt(obj)?,
+        Endpoint::Responses => responses_prompt(obj)?,
+        Endpoint::Messages => messages_prompt(obj)?,
     };
+    let openai = matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
     let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let opts = obj.get("stream_options").filter(|o| !o.is_null());
+    // Responses and Messages streams always carry usage: they take no stream_options.
+    let opts = obj.get("stream_options").filter(|o| openai && !o.is_null());
     if opts.is_some() && !stream {
         return Err(bad(
             "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
@@ -146,20 +199,9 @@ pub fn parse(
     let include_usage = flag("include_usage");
     let continuous_usage = include_usage && flag("continuous_usage_stats");
 
-    match obj.get("model") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(m)) if *m == cfg.served_model_name => {}
-        Some(other) => {
-            let name = other
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| other.to_string());
-            let msg = format!(
-                "The model `{name}` does not exist. Valid aliases: {}.",
-                cfg.served_model_name
-            );
-            return Err(error(404, "NotFoundError", &msg, Some("model")));
-        }
+    check_model(obj, cfg)?;
+    if endpoint == Endpoint::Messages && !obj.contains_key("max_tokens") {
+        return Err(missing(obj, "max_tokens"));
     }
     if endpoint == Endpoint::Chat && texts.is_empty() {
         return Err(bad(
@@ -168,6 +210,7 @@ pub fn parse(
         ));
     }
     let n = match obj.get("n") {
+        _ if !openai => 1,
         None | Some(Value::Null) => 1,
         Some(v) => v.as_i64().unwrap_or(0),
     };
@@ -184,19 +227,30 @@ pub fn parse(
         );
         return Err(bad(&msg, Some("n")));
     }
-    let max_field = ["max_completion_tokens", "max_tokens"]
-        .into_iter()
-        .find_map(|k| obj.get(k).filter(|v| !v.is_null()));
+    // The request field of the output limit, and the name vLLM's messages give it.
+    let (fields, label): (&[&str], &str) = match endpoint {
+        Endpoint::Chat | Endpoint::Completions => {
+            (&["max_completion_tokens", "max_tokens"], "max_tokens")
+        }
+        Endpoint::Responses => (&["max_output_tokens"], "max_output_tokens"),
+        // vLLM turns a Messages request into a chat request and reports the chat field.
+        Endpoint::Messages => (&["max_tokens"], "max_completion_tokens"),
+    };
+    let max_field = fields
+        .iter()
+        .find_map(|k| obj.get(*k).filter(|v| !v.is_null()));
     let requested = match max_field {
         None => None,
-        Some(v) => match v.as_i64() {
-            Some(m) if m >= 1 => Some(m as u64),
-            _ => {
-                let shown = v.to_string();
-                let msg = format!("max_tokens must be at least 1, got {shown}. (parameter=max_tokens, value={shown})");
-                return Err(bad(&msg, Some("max_tokens")));
+        Some(v) => {
+            match v.as_i64() {
+                Some(m) if m >= 1 => Some(m as u64),
+                _ => {
+                    let shown = v.to_string();
+                    let msg = format!("{label} must be at least 1, got {shown}. (parameter={label}, value={shown})");
+                    return Err(bad(&msg, Some(label)));
+                }
             }
-        },
+        }
     };
     if let Some(t) = obj.get("temperature").and_then(Value::as_f64) {
         if t < 0.0 {
@@ -208,8 +262,8 @@ pub fn parse(
     let len = cfg.max_model_len;
     if let Some(m) = requested {
         if m > len {
-            let msg = format!("max_tokens={m} cannot be greater than max_model_len={len}. Please request fewer output tokens. (parameter=max_tokens, value={m})");
-            return Err(bad(&msg, Some("max_tokens")));
+            let msg = format!("{label}={m} cannot be greater than max_model_len={len}. Please request fewer output tokens. (parameter={label}, value={m})");
+            return Err(bad(&msg, Some(label)));
         }
     }
     if prompt_tokens > len {
@@ -246,6 +300,16 @@ pub fn parse(
     let stop_after = (0..n as u32)
         .map(|c| prompt::stop_after_tokens(hash, seed, c, p))
         .collect();
+    let tool = tools::forced(
+        obj,
+        match endpoint {
+            Endpoint::Responses => ToolShape::Responses,
+            Endpoint::Messages => ToolShape::Messages,
+            _ => ToolShape::Chat,
+        },
+    )
+    .filter(|_| endpoint != Endpoint::Completions);
+    let echo = (endpoint == Endpoint::Responses).then(|| Box::new(responses_echo(obj)));
     Ok(GenRequest {
         endpoint,
         stream,
@@ -255,7 +319,76 @@ pub fn parse(
         prompt_tokens,
         max_tokens,
         stop_after,
+        tool,
+        echo,
     })
+}
+
+/// 404 unless `model` is absent, null or the served name.
+fn check_model(obj: &Map<String, Value>, cfg: &SimConfig) -> Result<(), ApiError> {
+    match obj.get("model") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(m)) if *m == cfg.served_model_name => Ok(()),
+        Some(other) => {
+            let name = other
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| other.to_string());
+            let msg = format!(
+                "The model `{name}` does not exist. Valid aliases: {}.",
+                cfg.served_model_name
+            );
+            Err(error(404, "NotFoundError", &msg, Some("model")))
+        }
+    }
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt-token estimate of a Messages request, without
+/// generating anything. Errors in the OpenAI shape (the caller converts them).
+pub fn count_tokens(
+    content_type: Option<&str>,
+    body: &[u8],
+    cfg: &SimConfig,
+) -> Result<u64, ApiError> {
+    let obj = json_object(content_type, body)?;
+    let (_, tokens) = messages_prompt(&obj)?;
+    check_model(&obj, cfg)?;
+    Ok(tokens)
+}
+
+fn responses_echo(obj: &Map<String, Value>) -> ResponsesEcho {
+    let f = |k: &str| obj.get(k).and_then(Value::as_f64).unwrap_or(1.0);
+    let tools: Vec<Value> = obj
+        .get("tools")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|t| {
+                    serde_json::json!({
+                        "name": t.get("name"), "parameters": t.get("parameters"),
+                        "strict": t.get("strict"), "type": t.get("type").cloned().unwrap_or("function".into()),
+                        "allowed_callers": null, "async": null, "defer_loading": null,
+                        "description": t.get("description"), "output_schema": null
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let tool_choice = match obj.get("tool_choice") {
+        _ if tools.is_empty() => Value::from("none"),
+        None | Some(Value::Null) => Value::from("auto"),
+        Some(c) => c.clone(),
+    };
+    ResponsesEcho {
+        instructions: obj
+            .get("instructions")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        temperature: f("temperature"),
+        top_p: f("top_p"),
+        tool_choice: tool_choice.to_string(),
+        tools: Value::Array(tools).to_string(),
+    }
 }
 
 fn missing(obj: &Map<String, Value>, field: &str) -> ApiError {
@@ -316,4 +449,83 @@ fn completion_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), Api
         }
         Some(_) => Err(bad("The simulator accepts one prompt per request: a string, a one-string list or a list of token ids.", Some("prompt"))),
     }
+}
+
+/// The text of a content value: a string, or the concatenated `text` of its parts (Anthropic
+/// `tool_result` parts count their own content, `tool_use` parts their input).
+fn content_text(v: Option<&Value>) -> String {
+    match v {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|p| match p.get("text").and_then(Value::as_str) {
+                Some(t) => t.to_string(),
+                None if p.get("content").is_some() => content_text(p.get("content")),
+                None => p.get("input").map(Value::to_string).unwrap_or_default(),
+            })
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+/// Responses: `instructions` (one message) and each `input` item (a string input is one user
+/// message; an item's text is its `content`, a call's `arguments` or a call output's `output`),
+/// estimated like chat messages.
+fn responses_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError> {
+    let mut texts = Vec::new();
+    if let Some(i) = obj.get("instructions").and_then(Value::as_str) {
+        texts.push(i.to_string());
+    }
+    match obj.get("input") {
+        None => return Err(missing(obj, "input")),
+        Some(Value::String(s)) => texts.push(s.clone()),
+        Some(Value::Array(items)) => {
+            for it in items {
+                let text = match (it.get("content"), it.get("arguments"), it.get("output")) {
+                    (Some(c), _, _) => content_text(Some(c)),
+                    (None, Some(a), _) | (None, None, Some(a)) => a
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| a.to_string()),
+                    _ => String::new(),
+                };
+                texts.push(text);
+            }
+        }
+        Some(other) => {
+            return Err(validation(
+                "list_type",
+                "body.input",
+                "Input should be a valid list",
+                &py_repr(other),
+                "",
+            ))
+        }
+    }
+    let tokens = prompt::chat_prompt_tokens(texts.iter().map(String::as_str));
+    Ok((texts, tokens))
+}
+
+/// Messages: `system` (a string or text blocks, one message) and each message, estimated like chat
+/// messages.
+fn messages_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError> {
+    let mut texts = Vec::new();
+    if let Some(s) = obj.get("system").filter(|s| !s.is_null()) {
+        texts.push(content_text(Some(s)));
+    }
+    match obj.get("messages") {
+        None => return Err(missing(obj, "messages")),
+        Some(Value::Array(a)) => texts.extend(a.iter().map(|m| content_text(m.get("content")))),
+        Some(other) => {
+            return Err(validation(
+                "list_type",
+                "body.messages",
+                "Input should be a valid list",
+                &py_repr(other),
+                "",
+            ))
+        }
+    }
+    let tokens = prompt::chat_prompt_tokens(texts.iter().map(String::as_str));
+    Ok((texts, tokens))
 }

@@ -7,17 +7,106 @@ use bytes::Bytes;
 use super::engine::{Finish, Timings};
 use super::prompt::token_text;
 use super::request::{Endpoint, GenRequest};
+use super::tools::ForcedTool;
+use super::{wire_messages, wire_responses};
 
 /// `system_fingerprint` the simulator reports.
 pub const SYSTEM_FINGERPRINT: &str = "vllm-0.32.0-sim";
 
-/// A fresh response id: `chatcmpl-<16 hex>` or `cmpl-<16 hex>`.
+/// A fresh response id: `chatcmpl-<16 hex>` (chat and, as vLLM, Messages), `cmpl-<16 hex>` or
+/// `resp_<16 hex>`.
 pub fn new_id(endpoint: Endpoint) -> String {
-    let prefix = match endpoint {
-        Endpoint::Chat => "chatcmpl",
-        Endpoint::Completions => "cmpl",
-    };
-    format!("{prefix}-{:016x}", rand::random::<u64>())
+    match endpoint {
+        Endpoint::Chat | Endpoint::Messages => prefixed("chatcmpl-"),
+        Endpoint::Completions => prefixed("cmpl-"),
+        Endpoint::Responses => prefixed("resp_"),
+    }
+}
+
+/// `prefix` followed by 16 random hex digits (vLLM's id form).
+pub fn prefixed(prefix: &str) -> String {
+    format!("{prefix}{:016x}", rand::random::<u64>())
+}
+
+/// The events of one streamed response, whatever the API.
+#[derive(Debug)]
+pub enum EventWriter {
+    /// Chat and completions: `data:` events, then `[DONE]`.
+    OpenAi(StreamWriter),
+    /// The Responses API's typed events.
+    Responses(wire_responses::ResponsesWriter),
+    /// The Anthropic Messages API's typed events.
+    Messages(wire_messages::MessagesWriter),
+}
+
+impl EventWriter {
+    /// The writer of `req`'s API, answering as `model`.
+    pub fn new(
+        req: &GenRequest,
+        model: &str,
+        created_s: u64,
+        per_request_metrics: bool,
+        stamp: bool,
+    ) -> Self {
+        match req.endpoint {
+            Endpoint::Chat | Endpoint::Completions => EventWriter::OpenAi(StreamWriter::new(
+                req,
+                model,
+                created_s,
+                per_request_metrics,
+                stamp,
+            )),
+            Endpoint::Responses => {
+                EventWriter::Responses(wire_responses::ResponsesWriter::new(req, model, created_s))
+            }
+            Endpoint::Messages => {
+                EventWriter::Messages(wire_messages::MessagesWriter::new(req, model))
+            }
+        }
+    }
+
+    /// The events sent as soon as the request is accepted, before any token (Responses'
+    /// `response.created` and `response.in_progress`; nothing for the others).
+    pub fn start(&mut self, out: &mut VecDeque<Bytes>) {
+        if let EventWriter::Responses(w) = self {
+            w.start(out);
+        }
+    }
+
+    /// The events for one token of `choice`.
+    pub fn token(&mut self, choice: u32, finish: Option<Finish>, out: &mut VecDeque<Bytes>) {
+        match self {
+            EventWriter::OpenAi(w) => w.token(choice, finish, out),
+            EventWriter::Responses(w) => w.token(finish, out),
+            EventWriter::Messages(w) => w.token(finish, out),
+        }
+    }
+
+    /// The closing events.
+    pub fn done(&mut self, timings: Option<&Timings>, out: &mut VecDeque<Bytes>) {
+        match self {
+            EventWriter::OpenAi(w) => w.done(timings, out),
+            EventWriter::Responses(w) => w.done(out),
+            EventWriter::Messages(w) => w.done(out),
+        }
+    }
+}
+
+/// One `event: <name>\ndata: <json>\n\n` event of the typed-event APIs.
+pub fn typed_event(name: &str, json: &str) -> Bytes {
+    let mut s = String::with_capacity(name.len() + json.len() + 16);
+    s.push_str("event: ");
+    s.push_str(name);
+    s.push_str("\ndata: ");
+    s.push_str(json);
+    s.push_str("\n\n");
+    Bytes::from(s)
+}
+
+/// The JSON-escaped text of a string (without the quotes).
+pub fn escaped(s: &str) -> String {
+    let q = json_str(s);
+    q[1..q.len() - 1].to_string()
 }
 
 /// Per-request `metrics` object (mirrors vLLM's `--enable-per-request-metrics` field).
@@ -46,6 +135,8 @@ pub struct StreamWriter {
     roles_sent: bool,
     /// Add `"tm_sent_ns"` with CLOCK_MONOTONIC at build time.
     stamp: bool,
+    /// Chat only: the forced tool every choice calls.
+    tool: Option<ForcedTool>,
 }
 
 impl StreamWriter {
@@ -58,8 +149,8 @@ impl StreamWriter {
         stamp: bool,
     ) -> Self {
         let object = match req.endpoint {
-            Endpoint::Chat => "chat.completion.chunk",
             Endpoint::Completions => "text_completion",
+            _ => "chat.completion.chunk",
         };
         let head = format!(
             "data: {{\"id\":\"{}\",\"object\":\"{object}\",\"created\":{created_s},\"model\":{},",
@@ -76,6 +167,7 @@ impl StreamWriter {
             generated: vec![0; req.n as usize],
             roles_sent: req.endpoint == Endpoint::Completions,
             stamp,
+            tool: req.tool.clone().filter(|_| req.endpoint == Endpoint::Chat),
         }
     }
 
@@ -141,11 +233,31 @@ impl StreamWriter {
             Some(Finish::Stop) => "\"stop\",\"stop_reason\":null",
             None => "null",
         };
-        match self.endpoint {
-            Endpoint::Chat => {
+        match (self.endpoint, &self.tool) {
+            (Endpoint::Chat, Some(tool)) => {
+                let reason = match finish {
+                    Some(Finish::Stop) => "\"tool_calls\",\"stop_reason\":null",
+                    _ => reason,
+                };
+                let call = if index == 0 {
+                    format!(
+                        "{{\"id\":\"{}\",\"type\":\"function\",\"index\":0,\"function\":{{\"name\":{}}}}}",
+                        prefixed("chatcmpl-tool-"),
+                        json_str(&tool.name)
+                    )
+                } else {
+                    let piece = tool.piece(index, finish.is_some());
+                    format!(
+                        "{{\"index\":0,\"function\":{{\"arguments\":{}}}}}",
+                        json_str(&piece)
+                    )
+                };
+                let _ = write!(s, "\"choices\":[{{\"index\":{choice},\"delta\":{{\"content\":null,\"tool_calls\":[{call}]}},\"logprobs\":null,\"finish_reason\":{reason},\"token_ids\":null}}]");
+            }
+            (Endpoint::Chat, None) => {
                 let _ = write!(s, "\"choices\":[{{\"index\":{choice},\"delta\":{{\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":{reason},\"token_ids\":null}}]");
             }
-            Endpoint::Completions => {
+            _ => {
                 let stop = if finish.is_some() {
                     ""
                 } else {
@@ -195,7 +307,7 @@ pub struct ChoiceOut {
     pub finish: Finish,
 }
 
-/// The non-streaming response body for `req`.
+/// The non-streaming response body for `req`, in its API's shape.
 pub fn full_response(
     req: &GenRequest,
     model: &str,
@@ -203,19 +315,36 @@ pub fn full_response(
     choices: &[ChoiceOut],
     timings: Option<&Timings>,
 ) -> String {
+    match req.endpoint {
+        Endpoint::Responses => {
+            return wire_responses::full_response(req, model, created_s, &choices[0])
+        }
+        Endpoint::Messages => return wire_messages::full_response(req, model, &choices[0]),
+        Endpoint::Chat | Endpoint::Completions => {}
+    }
     let mut arr = Vec::with_capacity(choices.len());
     for (i, c) in choices.iter().enumerate() {
         let t = json_str(&c.text);
         let f = c.finish.as_str();
-        arr.push(match req.endpoint {
-            Endpoint::Chat => format!("{{\"index\":{i},\"message\":{{\"role\":\"assistant\",\"content\":{t},\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"reasoning\":null}},\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":null,\"routed_experts\":null}}"),
-            Endpoint::Completions => format!("{{\"index\":{i},\"text\":{t},\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":null,\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"routed_experts\":null}}"),
+        arr.push(match (req.endpoint, &req.tool) {
+            (Endpoint::Chat, Some(tool)) => {
+                let f = if c.finish == Finish::Stop { "tool_calls" } else { f };
+                let call = format!(
+                    "{{\"id\":\"{}\",\"type\":\"function\",\"function\":{{\"name\":{},\"arguments\":{}}}}}",
+                    prefixed("chatcmpl-tool-"),
+                    json_str(&tool.name),
+                    json_str(&tool.arguments(c.tokens))
+                );
+                format!("{{\"index\":{i},\"message\":{{\"role\":\"assistant\",\"content\":null,\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"tool_calls\":[{call}],\"reasoning\":null}},\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":null,\"routed_experts\":null}}")
+            }
+            (Endpoint::Chat, None) => format!("{{\"index\":{i},\"message\":{{\"role\":\"assistant\",\"content\":{t},\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"reasoning\":null}},\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":null,\"routed_experts\":null}}"),
+            _ => format!("{{\"index\":{i},\"text\":{t},\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":null,\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"routed_experts\":null}}"),
         });
     }
     let completion: u64 = choices.iter().map(|c| c.tokens).sum();
     let p = req.prompt_tokens;
     let (object, tail) = match req.endpoint {
-        Endpoint::Chat => ("chat.completion", "\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null"),
+        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => ("chat.completion", "\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null"),
         Endpoint::Completions => ("text_completion", "\"kv_transfer_params\":null,\"ec_transfer_params\":null"),
     };
     let metrics = timings
