@@ -52,6 +52,9 @@ pub struct ServeConfig {
     /// Ask the upstream for usage on chat and completions streams that did not, and hide it from
     /// the client (Responses and Messages streams carry usage unasked: never touched).
     pub inject_stream_usage: bool,
+    /// Per API: send non-streamed generation requests upstream as streams, measure their TTFT,
+    /// and answer with the JSON the client asked for (off by default).
+    pub ttft_for_non_streamed: UpgradeConfig,
     /// The upstream vLLM runs with `--enable-force-include-usage`: it sends the usage event on
     /// every stream anyway, so the proxy neither asks for it nor removes it.
     pub upstream_force_include_usage: bool,
@@ -100,6 +103,7 @@ impl Default for ServeConfig {
             admin_listen: None,
             stats_token: None,
             inject_stream_usage: true,
+            ttft_for_non_streamed: UpgradeConfig::default(),
             upstream_force_include_usage: false,
             metering: true,
             max_header_bytes: 64 * 1024,
@@ -116,6 +120,35 @@ impl Default for ServeConfig {
             disagreement_threshold_pct: 5.0,
             otlp_endpoint: None,
             otlp_export_interval_ms: 10_000,
+        }
+    }
+}
+
+/// `ttft_for_non_streamed`: per API, whether its non-streamed requests are sent upstream as
+/// streams to measure their TTFT. All off by default: the upstream then sees exactly the
+/// client's request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpgradeConfig {
+    /// `POST /v1/chat/completions`.
+    pub chat: bool,
+    /// `POST /v1/completions`.
+    pub completions: bool,
+    /// `POST /v1/messages`.
+    pub messages: bool,
+    /// `POST /v1/responses`.
+    pub responses: bool,
+}
+
+impl UpgradeConfig {
+    /// Whether `api`'s non-streamed requests are upgraded.
+    pub fn enabled(&self, api: crate::dialect::Api) -> bool {
+        use crate::dialect::Api;
+        match api {
+            Api::Chat => self.chat,
+            Api::Completions => self.completions,
+            Api::Messages => self.messages,
+            Api::Responses => self.responses,
         }
     }
 }

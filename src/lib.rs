@@ -12,6 +12,7 @@ pub mod dialect;
 pub mod error;
 pub mod exposition;
 pub mod fleet;
+pub mod fold;
 pub mod itl;
 pub mod load;
 pub mod meter;

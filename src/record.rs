@@ -143,6 +143,14 @@ pub struct RequestRecord {
     /// Milliseconds from arrival to the first streamed event that carries generated output of
     /// any kind (text, reasoning, tool-call name or arguments).
     pub ttft_ms: Option<f64>,
+    /// How `ttft_ms` was obtained: `"stream"` (the client's stream), `"upstream_stream"` (a
+    /// non-streamed request the proxy sent upstream as a stream); `null` when there is no TTFT.
+    #[serde(default)]
+    pub ttft_source: Option<String>,
+    /// Why a non-streamed request of an API with `ttft_for_non_streamed` on was not, or not to
+    /// the end, answered from a stream (it then passed through unchanged); `null` otherwise.
+    #[serde(default)]
+    pub ttft_fallback: Option<String>,
     /// Chat and completions streams: milliseconds from arrival to the first event with a
     /// non-empty `choices` array, role-only ones included (where `vllm bench serve` takes TTFT).
     #[serde(default)]

@@ -281,6 +281,8 @@ pub fn scratch_record() -> RequestRecord {
         e2e_ms: None,
         tpot_ms: None,
         itl_max_ms: None,
+        ttft_source: None,
+        ttft_fallback: None,
         itl_mean_ms: None,
         itl_p50_ms: None,
         itl_p99_ms: None,

@@ -49,6 +49,8 @@ pub fn record(
         e2e_ms: Some(e2e_ms),
         tpot_ms: rates.tpot_ms,
         itl_max_ms: None,
+        ttft_source: None,
+        ttft_fallback: None,
         itl_mean_ms: None,
         itl_p50_ms: None,
         itl_p99_ms: None,

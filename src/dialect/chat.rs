@@ -27,6 +27,13 @@ impl Dialect for Chat {
     fn body<'a>(&self, body: &'a [u8]) -> Option<EventSummary<'a>> {
         openai_body(body)
     }
+
+    fn upgrade(
+        &self,
+        body: &[u8],
+    ) -> Result<Option<crate::fold::Upgrade>, crate::fold::Unfoldable> {
+        crate::fold::chat::upgrade(body)
+    }
 }
 
 /// One event of an OpenAI-style stream (chat and completions share the shape).

@@ -28,6 +28,13 @@ impl Dialect for Completions {
     fn body<'a>(&self, body: &'a [u8]) -> Option<EventSummary<'a>> {
         openai_body(body)
     }
+
+    fn upgrade(
+        &self,
+        body: &[u8],
+    ) -> Result<Option<crate::fold::Upgrade>, crate::fold::Unfoldable> {
+        crate::fold::completions::upgrade(body)
+    }
 }
 
 #[cfg(test)]

@@ -147,6 +147,13 @@ impl Dialect for Messages {
             ..EventSummary::default()
         })
     }
+
+    fn upgrade(
+        &self,
+        body: &[u8],
+    ) -> Result<Option<crate::fold::Upgrade>, crate::fold::Unfoldable> {
+        crate::fold::messages::upgrade(body)
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fold::{Unfoldable, Upgrade};
 use crate::openai::ServerTimings;
 
 pub mod chat;
@@ -139,9 +140,13 @@ pub trait Dialect: Send + Sync + 'static {
     /// Reads a whole non-streamed JSON body.
     fn body<'a>(&self, body: &'a [u8]) -> Option<EventSummary<'a>>;
 
-    // Where non-streamed TTFT (#15) plugs in: a dialect that can turn a non-streamed request into
-    // a stream also folds the stream's events back into the exact non-streamed body; that step
-    // belongs here, next to `event` and `body`, as one more method with a default of "cannot".
+    /// TTFT for non-streamed requests (`ttft_for_non_streamed`): the streamed request to send in
+    /// place of the non-streamed `body`, with the fold that rebuilds vLLM's non-streamed answer
+    /// from the stream (`crate::fold`, one file per API), or why the request must pass through
+    /// unchanged. `Ok(None)` for a request that streams already.
+    fn upgrade(&self, _body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
+        Err(Unfoldable("this API has no fold"))
+    }
 }
 
 /// The generation API `path` belongs to (any `/u/<name>` prefix removed; a query is ignored).

@@ -148,6 +148,13 @@ impl Dialect for Responses {
             ..EventSummary::default()
         })
     }
+
+    fn upgrade(
+        &self,
+        body: &[u8],
+    ) -> Result<Option<crate::fold::Upgrade>, crate::fold::Unfoldable> {
+        crate::fold::responses::upgrade(body)
+    }
 }
 
 #[cfg(test)]

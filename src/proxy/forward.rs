@@ -16,11 +16,13 @@ use crate::config::ServeConfig;
 use crate::dialect::{Dialect, StreamUsage};
 use crate::error::ProxyError;
 use crate::fleet::{Load, Upstreams};
+use crate::fold::Fold;
 use crate::proxy::body::{MeteredBody, Reading};
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity::{self, Clues};
 use crate::proxy::request::{inject_include_usage, RequestInfo};
 use crate::proxy::tracker::{RequestMeta, Tracker, TrackerShared};
+use crate::proxy::upgrade;
 use crate::proxy::ProxyBody;
 use crate::record::Outcome;
 use crate::sse::SseScanner;
@@ -126,6 +128,7 @@ async fn forward(
 
     let mut upstream_body = body.clone();
     let mut strip_usage = false;
+    let mut upgraded: Option<(Box<dyn Fold>, &'static dyn Dialect)> = None;
     if let Some(api) = api {
         let info = RequestInfo::parse(&body);
         let (user, source) = clues(info.user.as_deref(), &parts.headers);
@@ -144,6 +147,17 @@ async fn forward(
             if let Some(b) = inject_include_usage(&body, &info) {
                 upstream_body = b;
                 strip_usage = true;
+            }
+        }
+        // Streamed requests are never touched (nor their bodies read again).
+        if metered && cfg.ttft_for_non_streamed.enabled(api) && info.stream != Some(true) {
+            match api.dialect().upgrade(&body) {
+                Ok(Some(up)) => {
+                    upstream_body = up.body;
+                    upgraded = Some((up.fold, api.dialect()));
+                }
+                Ok(None) => {}
+                Err(why) => tracker.set_ttft_fallback(why.0),
             }
         }
     }
@@ -185,6 +199,10 @@ async fn forward(
             headers.insert(header::AUTHORIZATION, v);
         }
     }
+    // An upgraded request may have to be sent again as the client wrote it: keep its head.
+    let upgraded = upgraded
+        .map(|(fold, dialect)| (fold, dialect, parts.method.clone(), parts.headers.clone()));
+    let mut final_uri: Option<Uri>;
     let ups = &state.upstreams;
     let several = ups.list().len() > 1;
     let mut load = ups.pick(model.as_deref(), None, Clock::global().now());
@@ -211,6 +229,7 @@ async fn forward(
         };
         let mut up = Request::new(Full::new(upstream_body.clone()));
         *up.method_mut() = parts.method.clone();
+        final_uri = Some(uri.clone());
         *up.uri_mut() = uri;
         // A retry needs the headers again; with one replica there is no retry to keep them for.
         *up.headers_mut() = if several && !retried {
@@ -256,6 +275,43 @@ async fn forward(
         }
     };
     tracker.commit_upstream(Instant::now());
+    let mut resp = resp;
+    if let (Some((mut fold, dialect, method, headers)), Some(uri)) = (upgraded, final_uri) {
+        // vLLM's errors before the stream starts (400, 404 JSON) pass through as they are.
+        if resp.status() == StatusCode::OK
+            && content_type_starts(resp.headers(), "text/event-stream")
+        {
+            let (mut rparts, rbody) = resp.into_parts();
+            let limits = upgrade::Limits {
+                idle: std::time::Duration::from_millis(cfg.timeouts.body_idle_ms),
+                max_event_bytes: cfg.max_sse_event_bytes,
+                max_held_bytes: cfg.max_response_scan_bytes,
+            };
+            match upgrade::collect(rbody, dialect, fold.as_mut(), &mut tracker, &limits).await {
+                upgrade::Collected::Answer(answer) => {
+                    strip_hop_by_hop(&mut rparts.headers);
+                    return upgrade::respond(rparts, answer, tracker);
+                }
+                upgrade::Collected::Failed(err, outcome, why) => {
+                    return respond_error(tracker, err, outcome, why)
+                }
+                upgrade::Collected::Fallback(why) => {
+                    // The stream was dropped (vLLM aborts it); ask again as the client asked.
+                    tracker.restart_for_fallback(why);
+                    let mut again = Request::new(Full::new(body.clone()));
+                    *again.method_mut() = method;
+                    *again.uri_mut() = uri;
+                    *again.headers_mut() = headers;
+                    resp = match send(state, again).await {
+                        Ok(r) => r,
+                        Err((err, outcome, why)) => {
+                            return respond_error(tracker, err, outcome, why)
+                        }
+                    };
+                }
+            }
+        }
+    }
 
     let (mut rparts, rbody) = resp.into_parts();
     strip_hop_by_hop(&mut rparts.headers);
@@ -323,6 +379,24 @@ fn failed_attempt(
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     *retried = true;
     Some(next)
+}
+
+/// Sends `up` and waits for the response headers, within `upstream_headers_ms`.
+async fn send(
+    state: &ProxyState,
+    up: Request<Full<Bytes>>,
+) -> Result<Response<Incoming>, (ProxyError, Outcome, &'static str)> {
+    let headers_timeout =
+        std::time::Duration::from_millis(state.config.timeouts.upstream_headers_ms);
+    match tokio::time::timeout(headers_timeout, state.client.request(up)).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(classify_client_error(&e)),
+        Err(_) => Err((
+            ProxyError::gateway_timeout("no response headers"),
+            Outcome::Timeout,
+            "upstream response headers timeout",
+        )),
+    }
 }
 
 fn content_type_starts(h: &http::HeaderMap, prefix: &str) -> bool {

@@ -6,6 +6,7 @@ mod headers;
 pub mod identity;
 pub mod request;
 mod tracker;
+mod upgrade;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -45,6 +46,8 @@ pub enum ProxyBody {
     Metered(Box<body::MeteredBody>),
     /// A body the proxy wrote itself.
     Full(Option<Bytes>),
+    /// A non-streamed answer rebuilt from an upstream stream (`ttft_for_non_streamed`).
+    Answer(Box<upgrade::AnswerBody>),
     /// A `/stats*` answer.
     Stats(axum::body::Body),
 }
@@ -60,6 +63,7 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Metered(b) => Pin::new(b.as_mut()).poll_frame(cx),
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
+            ProxyBody::Answer(b) => Pin::new(b.as_mut()).poll_frame(cx),
             ProxyBody::Stats(b) => Pin::new(b)
                 .poll_frame(cx)
                 .map_err(|e| Box::new(e) as BoxError),
@@ -70,6 +74,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Metered(b) => b.is_end_stream(),
             ProxyBody::Full(b) => b.is_none(),
+            ProxyBody::Answer(b) => b.is_end_stream(),
             ProxyBody::Stats(b) => b.is_end_stream(),
         }
     }
@@ -79,6 +84,7 @@ impl Body for ProxyBody {
             ProxyBody::Metered(b) => b.size_hint(),
             ProxyBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             ProxyBody::Full(None) => SizeHint::with_exact(0),
+            ProxyBody::Answer(b) => b.size_hint(),
             ProxyBody::Stats(b) => b.size_hint(),
         }
     }

@@ -142,6 +142,10 @@ pub struct Tracker {
     upstream: Option<Load>,
     /// Whether the replica's own observer heard of the start.
     upstream_announced: bool,
+    /// Set when a non-streamed request was answered from an upstream stream.
+    ttft_source: Option<&'static str>,
+    /// Why a non-streamed request was not upgraded, or fell back to pass-through.
+    ttft_fallback: Option<&'static str>,
     done: bool,
 }
 
@@ -190,6 +194,8 @@ impl Tracker {
             bytes_out: 0,
             upstream: None,
             upstream_announced: false,
+            ttft_source: None,
+            ttft_fallback: None,
             done: false,
         }
     }
@@ -340,6 +346,40 @@ impl Tracker {
         }
     }
 
+    /// The answer was rebuilt from a stream the proxy asked for instead of the client's
+    /// non-streamed request: its TTFT is that stream's.
+    pub fn set_ttft_source(&mut self, source: &'static str) {
+        self.ttft_source = Some(source);
+    }
+
+    /// A non-streamed request passes through unchanged, for this reason.
+    pub fn set_ttft_fallback(&mut self, why: &'static str) {
+        self.ttft_fallback = Some(why);
+    }
+
+    /// The upgraded stream was abandoned for `why` and the request is sent again as the client
+    /// wrote it: what was measured on the abandoned stream no longer describes the answer.
+    /// Tokens already reported to observers stay reported (vLLM generated them).
+    pub fn restart_for_fallback(&mut self, why: &'static str) {
+        self.ttft_fallback = Some(why);
+        self.ttft_source = None;
+        self.first_byte = None;
+        self.ttft = None;
+        self.bench_ttft = None;
+        self.last_output = None;
+        self.itl = None;
+        self.usage_prompt = None;
+        self.usage_completion = None;
+        self.usage_cached = None;
+        self.usage_reasoning = None;
+        self.terminal = Terminal::NotYet;
+        self.counted = 0;
+        self.finish_reason = None;
+        self.error_event = false;
+        self.server = None;
+        self.status = None;
+    }
+
     /// The body is about to be polled again: any frame produced before has been handed to the
     /// client, the terminal event's included.
     #[inline]
@@ -417,6 +457,8 @@ impl Tracker {
             n: self.meta.n,
             first_byte_ms: self.ms(self.first_byte),
             ttft_ms,
+            ttft_source: ttft_ms.map(|_| self.ttft_source.unwrap_or("stream").to_string()),
+            ttft_fallback: self.ttft_fallback.map(str::to_string),
             bench_ttft_ms: self.ms(self.bench_ttft),
             e2e_ms,
             tpot_ms: rates.tpot_ms,
