@@ -8,8 +8,10 @@ pub const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 ];
-/// Inter-token latency bucket upper bounds, seconds: vLLM 0.32's (the simulator's ITL).
-pub const ITL_BUCKETS: &[f64] = &[
+/// Inter-token latency bucket upper bounds, seconds: vLLM 0.32's (the simulator's ITL, and the
+/// per-request ITL counts in `itl.rs`, which compare with vLLM's bucket for bucket). An array, so
+/// `itl.rs` can size its counts by it.
+pub const ITL_BUCKETS: [f64; 19] = [
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
 ];
@@ -43,10 +45,10 @@ mod tests {
 
     #[test]
     fn bucket_tables_ascend_and_tpot_extends_vllms_itl() {
-        for t in [TTFT_BUCKETS, ITL_BUCKETS, TPOT_BUCKETS, REQUEST_BUCKETS] {
+        for t in [TTFT_BUCKETS, &ITL_BUCKETS, TPOT_BUCKETS, REQUEST_BUCKETS] {
             assert!(t.windows(2).all(|w| w[0] < w[1]));
         }
-        assert_eq!(&TPOT_BUCKETS[..ITL_BUCKETS.len()], ITL_BUCKETS);
+        assert_eq!(&TPOT_BUCKETS[..ITL_BUCKETS.len()], &ITL_BUCKETS[..]);
     }
 
     #[test]

@@ -3,11 +3,8 @@
 //! inside the request's tracker, so the per-event path neither allocates nor grows.
 
 /// vLLM's bucket bounds for `vllm:inter_token_latency_seconds`, in seconds (as its `/metrics`
-/// shows them); the Prometheus ITL histogram uses the same, so the two compare bucket for bucket.
-pub const VLLM_ITL_BOUNDS_S: [f64; 19] = [
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0,
-];
+/// shows them): the one table in [`crate::exposition`], so the two compare bucket for bucket.
+pub use crate::exposition::ITL_BUCKETS as VLLM_ITL_BOUNDS_S;
 
 /// Lower edge of log bin 1, in nanoseconds (0.25 ms); shorter gaps fall into bin 0.
 const FIRST_EDGE_NS: f64 = 250_000.0;

@@ -121,7 +121,7 @@ impl Stats {
             slip_ns: z(),
             locked: Mutex::new(Locked {
                 ttft: Histogram::new(TTFT_BUCKETS),
-                itl: Histogram::new(ITL_BUCKETS),
+                itl: Histogram::new(&ITL_BUCKETS),
                 e2e: Histogram::new(REQUEST_BUCKETS),
                 queue: Histogram::new(REQUEST_BUCKETS),
                 finished_by_reason: [0; 5],

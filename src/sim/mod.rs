@@ -15,6 +15,7 @@ pub mod statslog;
 pub mod tools;
 pub mod wire;
 pub mod wire_messages;
+pub mod wire_parts;
 pub mod wire_responses;
 
 use std::net::SocketAddr;

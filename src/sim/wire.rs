@@ -8,25 +8,11 @@ use super::engine::{Finish, Timings};
 use super::prompt::token_text;
 use super::request::{Endpoint, GenRequest};
 use super::tools::ForcedTool;
+pub use super::wire_parts::{json_str, new_id, prefixed, typed_event, ChoiceOut};
 use super::{wire_messages, wire_responses};
 
 /// `system_fingerprint` the simulator reports.
 pub const SYSTEM_FINGERPRINT: &str = "vllm-0.32.0-sim";
-
-/// A fresh response id: `chatcmpl-<16 hex>` (chat and, as vLLM, Messages), `cmpl-<16 hex>` or
-/// `resp_<16 hex>`.
-pub fn new_id(endpoint: Endpoint) -> String {
-    match endpoint {
-        Endpoint::Chat | Endpoint::Messages => prefixed("chatcmpl-"),
-        Endpoint::Completions => prefixed("cmpl-"),
-        Endpoint::Responses => prefixed("resp_"),
-    }
-}
-
-/// `prefix` followed by 16 random hex digits (vLLM's id form).
-pub fn prefixed(prefix: &str) -> String {
-    format!("{prefix}{:016x}", rand::random::<u64>())
-}
 
 /// The events of one streamed response, whatever the API.
 #[derive(Debug)]
@@ -90,17 +76,6 @@ impl EventWriter {
             EventWriter::Messages(w) => w.done(out),
         }
     }
-}
-
-/// One `event: <name>\ndata: <json>\n\n` event of the typed-event APIs.
-pub fn typed_event(name: &str, json: &str) -> Bytes {
-    let mut s = String::with_capacity(name.len() + json.len() + 16);
-    s.push_str("event: ");
-    s.push_str(name);
-    s.push_str("\ndata: ");
-    s.push_str(json);
-    s.push_str("\n\n");
-    Bytes::from(s)
 }
 
 /// The JSON-escaped text of a string (without the quotes).
@@ -296,17 +271,6 @@ impl StreamWriter {
     }
 }
 
-/// One finished choice of a non-streaming response.
-#[derive(Debug, Clone)]
-pub struct ChoiceOut {
-    /// Concatenated token texts.
-    pub text: String,
-    /// Tokens generated.
-    pub tokens: u64,
-    /// Why it ended.
-    pub finish: Finish,
-}
-
 /// The non-streaming response body for `req`, in its API's shape.
 pub fn full_response(
     req: &GenRequest,
@@ -358,9 +322,4 @@ pub fn full_response(
         p + completion,
         completion
     )
-}
-
-/// A JSON string literal.
-pub fn json_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
 }

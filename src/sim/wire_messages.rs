@@ -14,7 +14,7 @@ use super::engine::Finish;
 use super::prompt::token_text;
 use super::request::GenRequest;
 use super::tools::ForcedTool;
-use super::wire::{json_str, new_id, prefixed, typed_event, ChoiceOut};
+use super::wire_parts::{json_str, new_id, prefixed, typed_event, ChoiceOut};
 use super::wire_responses::text_of;
 
 /// Anthropic's `stop_reason` for how a sequence ended.

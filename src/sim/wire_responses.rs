@@ -16,7 +16,7 @@ use super::engine::Finish;
 use super::prompt::token_text;
 use super::request::{GenRequest, ResponsesEcho};
 use super::tools::ForcedTool;
-use super::wire::{json_str, new_id, prefixed, typed_event, ChoiceOut};
+use super::wire_parts::{json_str, new_id, prefixed, typed_event, ChoiceOut};
 
 /// The text of `tokens` tokens ending with `finish` (an end-of-sequence token writes nothing).
 pub fn text_of(tokens: u64, finish: Finish) -> String {
