@@ -106,10 +106,13 @@ fn summary_users_saturation_and_cold_starts() {
     assert_eq!(lane0.tok_s.max, Some(70.0));
     let total_share: f64 = r.users.iter().map(|u| u.share_pct.unwrap()).sum();
     assert!(close(total_share, 100.0));
-    // TTFT = 100 ms x arrival level: p90 at 1 is 100 ms, at 3 it is 300 ms > 2 x 100 ms.
+    // TTFT = 100 ms x arrival level. The knee is sought among the steady curve's levels (1, 4
+    // and 16, each with 120 s behind it): p90 at 1 is 100 ms, at 4 it is 400 ms > 2 x 100 ms.
+    // Arrival levels 2 and 3 have no steady time of their own, so they are not candidates.
+    assert_eq!(r.saturation.knee_basis, "steady");
     let knee = r.saturation.knee.as_ref().unwrap();
-    assert_eq!((knee.in_flight, knee.baseline_in_flight), (3, 1));
-    assert!((knee.ttft_p90_ms - 300.0).abs() < 1.5);
+    assert_eq!((knee.in_flight, knee.baseline_in_flight), (4, 1));
+    assert!((knee.ttft_p90_ms - 400.0).abs() < 2.0);
     assert_eq!(r.saturation.levels.len(), 16);
     assert_eq!(r.saturation.levels[0].requests, 4 + 1 + 1);
     assert_eq!(r.cold_starts.count, 1);
