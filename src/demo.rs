@@ -86,7 +86,7 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     let ticker = tokio::spawn(report_every_10s(proxy.meter().clone()));
     match args.duration_s {
         Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
-        None => crate::proxy::wait_for_shutdown_signal(|| {}).await,
+        None => crate::proxy::serve_cli::wait_for_shutdown_signal(|| {}).await,
     }
     for a in agents {
         a.abort();

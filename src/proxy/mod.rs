@@ -6,6 +6,7 @@ mod headers;
 pub mod identity;
 pub mod reload;
 pub mod request;
+pub mod serve_cli;
 pub mod sniff;
 mod tracker;
 mod upgrade;
@@ -36,7 +37,7 @@ pub use tracker::{InFlight, RequestMeta, Tracker, TrackerShared};
 
 use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
 use crate::clock::Clock;
-use crate::config::{ServeArgs, ServeConfig};
+use crate::config::ServeConfig;
 use crate::health::Health;
 use crate::meter::{admin_router, spawn_meter, stats_router, MeterHandle, StatsContext};
 use crate::observe::Observer;
@@ -594,75 +595,5 @@ async fn accept_loop(
         log.close().await;
         let (written, dropped, failed) = log.counters().get();
         tracing::info!(written, dropped, failed, "access log closed");
-    }
-}
-
-/// Runs `tokenmeter serve` until SIGTERM or SIGINT; SIGHUP reopens the access log.
-pub async fn run_cli(args: ServeArgs) -> anyhow::Result<()> {
-    if args.check_config {
-        let config = crate::config::check(&args, std::env::vars())?;
-        // A TOML comment first, so that the whole output is a config file again.
-        use std::io::Write as _;
-        // A closed stdout (`| head`) is not an error worth a panic.
-        let _ = writeln!(std::io::stdout(), "# config ok\n{}", config.to_toml()?);
-        return Ok(());
-    }
-    let config = crate::config::load(&args, std::env::vars())?;
-    let upstream = config.upstream.clone();
-    let handle = spawn(config, Vec::new()).await?;
-    tracing::info!(upstream = %upstream, "listening on {}", handle.addr());
-    if let Some(a) = handle.admin_addr() {
-        tracing::info!("stats listening on {a}");
-    }
-    tracing::info!("dashboard at {}", handle.dashboard_url());
-    wait_for_shutdown_signal(|| {
-        handle.reopen_access_log();
-        reload_from(&handle, &args);
-    })
-    .await;
-    handle.shutdown().await;
-    Ok(())
-}
-
-/// Reads the configuration again (file, environment, flags) and applies what can change while
-/// serving; a file that does not load is rejected whole, with the reason, and nothing changes.
-fn reload_from(handle: &ProxyHandle, args: &ServeArgs) {
-    let new = match crate::config::load(args, std::env::vars()) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!("reload rejected, the running configuration stays: {e:#}");
-            return;
-        }
-    };
-    let report = handle.reload(&new);
-    if !report.need_restart.is_empty() {
-        tracing::warn!(
-            settings = %report.need_restart.join(", "),
-            "reload: these changed settings need a restart; their running values stay"
-        );
-    }
-    if let Some(e) = &report.tls_error {
-        tracing::error!("reload: the TLS certificate stays as it was: {e}");
-    }
-    tracing::info!(applied = %report.applied.join(", "), "configuration reloaded");
-}
-
-/// Waits for SIGTERM or SIGINT, calling `on_hup` at every SIGHUP.
-pub async fn wait_for_shutdown_signal(on_hup: impl Fn()) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = term.recv() => return,
-            _ = int.recv() => return,
-            _ = hup.recv() => on_hup(),
-        }
     }
 }
