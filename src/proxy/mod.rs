@@ -438,6 +438,7 @@ fn serve_on_own_thread(
                 let builder = connection_builder(&state.config);
                 let graceful = hyper_util::server::graceful::GracefulShutdown::new();
                 let mut tasks = JoinSet::new();
+                let pace = tokio::spawn(pacemaker());
                 loop {
                     tokio::select! {
                         _ = stop.wait_for(|stopped| *stopped) => break,
@@ -496,6 +497,7 @@ fn serve_on_own_thread(
                     );
                 }
                 tasks.abort_all();
+                pace.abort();
                 while tasks.join_next().await.is_some() {}
             });
             let _ = done.send(());
@@ -505,6 +507,22 @@ fn serve_on_own_thread(
         done: finished,
         thread,
     })
+}
+
+/// How often a serving thread's [`pacemaker`] ticks.
+const PACE: Duration = Duration::from_millis(500);
+
+/// Keeps a timer due within [`PACE`] pending on a serving thread's runtime. Tokio wakes its own
+/// I/O driver (an eventfd write, then one more `epoll_wait`) whenever a timer is armed that is
+/// due sooner than every pending one; hyper arms its head-read timer each time a keep-alive
+/// connection waits for its next request, and the request and body timers are armed per request,
+/// so without a nearer timer most requests paid those two system calls (strace: 200 eventfd
+/// writes in 200 streamed requests on one connection). With this tick pending, no per-request
+/// timer is ever the soonest: two wakeups a second per thread instead.
+async fn pacemaker() {
+    loop {
+        tokio::time::sleep(PACE).await;
+    }
 }
 
 /// The HTTP/1 server settings of every client connection.
