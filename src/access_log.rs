@@ -13,12 +13,12 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::clock::UnixNanos;
-
-/// How long the writer rests after writing a batch: the most a line waits for its write.
-pub const BATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
 use crate::observe::Observer;
 use crate::record::RequestRecord;
 use crate::scrape::ServerSample;
+
+/// How long the writer rests after writing a batch: the most a line waits for its write.
+pub const BATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// One line of the access log: a request record, or a sample of the upstream's own metrics.
 #[derive(Debug, Clone)]
