@@ -36,7 +36,7 @@ pub use headers::strip_hop_by_hop;
 pub use tracker::{InFlight, RequestMeta, Tracker, TrackerShared};
 
 use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
-use crate::clock::Clock;
+use crate::clock::{Clock, TimeSource};
 use crate::config::ServeConfig;
 use crate::health::Health;
 use crate::meter::{admin_router, spawn_meter, stats_router, MeterHandle, StatsContext};
@@ -185,7 +185,17 @@ impl ProxyHandle {
 /// Starts a proxy with `config`; `observers` receive measurements beside the meter and the log.
 pub async fn spawn(
     config: ServeConfig,
+    observers: Vec<Arc<dyn Observer>>,
+) -> anyhow::Result<ProxyHandle> {
+    spawn_with_time(config, observers, TimeSource::real()).await
+}
+
+/// [`spawn`], measuring on `time`: tests pass [`TimeSource::manual`] and advance it between the
+/// events they script, so TTFT, ITL and durations come out exact. Timeouts stay on real time.
+pub async fn spawn_with_time(
+    config: ServeConfig,
     mut observers: Vec<Arc<dyn Observer>>,
+    time: TimeSource,
 ) -> anyhow::Result<ProxyHandle> {
     config.validate()?;
     let listener = TcpListener::bind(config.listen_addr()?)
@@ -235,6 +245,7 @@ pub async fn spawn(
         access_log: counters.clone(),
         started: Clock::global().now(),
         scrape: scrape.clone(),
+        time: time.clone(),
     };
     let upstream = config.upstream_uri()?;
     let authority = upstream
@@ -259,10 +270,13 @@ pub async fn spawn(
     } else {
         main_stats = Some(stats_router(meter.clone(), stats_ctx));
     }
-    let trackers = Arc::new(TrackerShared::new(
-        observers,
-        Duration::from_secs(config.meter.cold_start_idle_s),
-    ));
+    let trackers = Arc::new(
+        TrackerShared::new(
+            observers,
+            Duration::from_secs(config.meter.cold_start_idle_s),
+        )
+        .with_time_source(time),
+    );
     let scraper = scrape.map(|(cfg, counters)| {
         let m = meter.clone();
         let mut sinks: Vec<SampleSink> = vec![Box::new(move |s| m.server_sample(s.clone()))];
