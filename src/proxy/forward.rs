@@ -77,7 +77,7 @@ pub async fn handle(
     remote: SocketAddr,
     framing: Arc<Verdict>,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
-    let t0 = Instant::now();
+    let t0 = state.trackers.time().now();
     if framing.next_request_is_ambiguous() {
         // Neither the body nor anything after it on this connection can be trusted: answer
         // without reading it, and close.
@@ -528,7 +528,8 @@ fn respond_error(
     tracker.set_status(err.status.as_u16());
     let body = err.body();
     tracker.on_sent(body.len());
-    tracker.finish(outcome, Some(why), Instant::now());
+    let now = tracker.now();
+    tracker.finish(outcome, Some(why), now);
     let mut r = Response::new(ProxyBody::Full(Some(body)));
     *r.status_mut() = err.status;
     r.headers_mut().insert(
