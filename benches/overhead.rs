@@ -25,6 +25,8 @@ use std::path::PathBuf;
 pub struct Opts {
     /// tokenmeter binary.
     pub bin: PathBuf,
+    /// An earlier tokenmeter binary measured in the same run (`tokenmeter_before*` arms).
+    pub bin_before: Option<PathBuf>,
     /// nginx binary; None skips the nginx arm.
     pub nginx: Option<PathBuf>,
     /// nginx worker_processes.
@@ -39,6 +41,8 @@ pub struct Opts {
     pub events: u64,
     /// Simulator gap between events in the latency and CPU phases, ms.
     pub gap_ms: f64,
+    /// Simulator gap between events in the CPU phase, ms (`--gap-ms` unless given).
+    pub cpu_gap_ms: f64,
     /// Requests per CPU run.
     pub cpu_requests: usize,
     /// CPU repetitions per arm.
@@ -57,8 +61,8 @@ pub struct Opts {
 
 const HELP: &str =
     "options: --quick | --ttft-rounds 2000,200,30 | --rounds 100,40,12 | --concurrency 1,16,256 | --events 8 | --gap-ms 10
-  --cpu-requests 128 | --cpu-reps 7 | --ramp 1000,4000,10000 | --phases latency,cpu,ramp
-  --bin PATH | --nginx PATH|none | --nginx-workers 1|auto | --out DIR | --tm-env KEY=VALUE
+  --cpu-gap-ms 10 (CPU phase pace; default --gap-ms) | --cpu-requests 128 | --cpu-reps 7 | --ramp 1000,4000,10000 | --phases latency,cpu,ramp
+  --bin PATH | --bin-before PATH (an earlier build, arms tokenmeter_before[_nometer]) | --nginx PATH|none | --nginx-workers 1|auto | --out DIR | --tm-env KEY=VALUE
   --shape completions|chat-bearer | --ttft-rounds 0 (TTFT from the event rounds)
   --issue19: issue 19's latency method (1 stream, 200 rounds of 16 events 2 ms apart, chat-bearer,
              TTFT from the same requests; latency phase only)";
@@ -88,6 +92,7 @@ fn parse_opts() -> anyhow::Result<Opts> {
     .find(|p| p.exists());
     let mut o = Opts {
         bin: target.join("release/tokenmeter"),
+        bin_before: None,
         nginx: default_nginx,
         nginx_workers: "1".into(),
         concurrency: vec![1, 16, 256],
@@ -95,6 +100,7 @@ fn parse_opts() -> anyhow::Result<Opts> {
         ttft_rounds: vec![2000, 200, 30],
         events: 8,
         gap_ms: 10.0,
+        cpu_gap_ms: f64::NAN,
         cpu_requests: 128,
         cpu_reps: 7,
         ramp: vec![1000, 4000, 10000],
@@ -133,11 +139,13 @@ fn parse_opts() -> anyhow::Result<Opts> {
             "--concurrency" => o.concurrency = list(&val()?)?,
             "--events" => o.events = val()?.parse()?,
             "--gap-ms" => o.gap_ms = val()?.parse()?,
+            "--cpu-gap-ms" => o.cpu_gap_ms = val()?.parse()?,
             "--cpu-requests" => o.cpu_requests = val()?.parse()?,
             "--cpu-reps" => o.cpu_reps = val()?.parse()?,
             "--ramp" => o.ramp = list(&val()?)?,
             "--phases" => o.phases = list(&val()?)?,
             "--bin" => o.bin = val()?.into(),
+            "--bin-before" => o.bin_before = Some(val()?.into()),
             "--nginx" => o.nginx = Some(val()?).filter(|v| v != "none").map(PathBuf::from),
             "--nginx-workers" => o.nginx_workers = val()?,
             "--out" => o.out_dir = val()?.into(),
@@ -154,6 +162,9 @@ fn parse_opts() -> anyhow::Result<Opts> {
             }
             other => anyhow::bail!("unknown option {other}\n{HELP}"),
         }
+    }
+    if o.cpu_gap_ms.is_nan() {
+        o.cpu_gap_ms = o.gap_ms;
     }
     anyhow::ensure!(
         o.rounds.len() == o.concurrency.len() && o.ttft_rounds.len() == o.concurrency.len(),
@@ -225,45 +236,47 @@ fn main() -> anyhow::Result<()> {
     let load_before = report::loadavg();
     let mut res = serde_json::Map::new();
     let has = |p: &str| o.phases.iter().any(|x| x == p);
-    if has("latency") || has("cpu") {
-        let spec = procs::EnvSpec {
+    let start_env = |gap_ms: f64| {
+        procs::Env::start(&procs::EnvSpec {
             bin: &o.bin,
+            bin_before: o.bin_before.as_deref(),
             nginx: o.nginx.as_deref(),
             nginx_workers: &o.nginx_workers,
-            gap_ms: o.gap_ms,
+            gap_ms,
             dir: &dir,
             tm_env: &o.tm_env,
-        };
-        let env = procs::Env::start(&spec)?;
-        if has("latency") {
-            res.insert(
-                "latency".into(),
-                rt.block_on(phases::latency(&env, &o, &mut rng)),
-            );
+        })
+    };
+    let mut env = None;
+    if has("latency") {
+        let e = env.insert(start_env(o.gap_ms)?);
+        res.insert(
+            "latency".into(),
+            rt.block_on(phases::latency(e, &o, &mut rng)),
+        );
+    }
+    if has("cpu") {
+        // Fresh processes when the CPU phase runs at its own pace.
+        if env.is_none() || o.cpu_gap_ms != o.gap_ms {
+            drop(env.take());
+            env = Some(start_env(o.cpu_gap_ms)?);
         }
-        if has("cpu") {
-            res.insert("cpu".into(), rt.block_on(phases::cpu(&env, &o, &mut rng)));
+        if let Some(e) = &env {
+            res.insert("cpu".into(), rt.block_on(phases::cpu(e, &o, &mut rng)));
         }
     }
+    drop(env);
     if has("ramp") {
         // A slow pace (1 event/s per stream) so 10,000 open streams are an idle-connection test.
-        let spec = procs::EnvSpec {
-            bin: &o.bin,
-            nginx: o.nginx.as_deref(),
-            nginx_workers: &o.nginx_workers,
-            gap_ms: 1000.0,
-            dir: &dir,
-            tm_env: &o.tm_env,
-        };
-        let env = procs::Env::start(&spec)?;
+        let env = start_env(1000.0)?;
         res.insert("ramp".into(), rt.block_on(phases::ramp(&env, &o)));
     }
     let meta = serde_json::json!({
         "date_utc": report::now_utc(), "nproc": std::thread::available_parallelism().map(std::num::NonZero::get).unwrap_or(0),
         "loadavg_before": load_before, "loadavg_after": report::loadavg(), "seconds": started.elapsed().as_secs_f64(),
         "nginx_workers": o.nginx.as_ref().map(|_| o.nginx_workers.clone()), "events_per_request": o.events,
-        "gap_ms": o.gap_ms, "nofile_limit": nofile, "ramp_steps": o.ramp, "concurrency": o.concurrency, "rounds": o.rounds, "ttft_rounds": o.ttft_rounds, "tm_env": o.tm_env,
-        "shape": o.shape.name(), "git_head": git_head(),
+        "gap_ms": o.gap_ms, "cpu_gap_ms": o.cpu_gap_ms, "nofile_limit": nofile, "ramp_steps": o.ramp, "concurrency": o.concurrency, "rounds": o.rounds, "ttft_rounds": o.ttft_rounds, "tm_env": o.tm_env,
+        "shape": o.shape.name(), "git_head": git_head(), "bin": o.bin, "bin_before": o.bin_before,
     });
     res.insert("meta".into(), meta);
     let all = serde_json::Value::Object(res);

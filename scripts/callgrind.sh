@@ -4,7 +4,8 @@
 #
 # Usage: scripts/callgrind.sh [serve options, e.g. --set metering=false]
 # Env:   REQUESTS (20), EVENTS (64), TOP (40), SIM_PORT (18101), PROXY_PORT (18102),
-#        KEEP=1 keeps the dumps.
+#        KEEP=1 keeps the dumps, BIN=path runs that binary instead of building the profiling one
+#        (a release binary keeps its symbols: functions are named, lines are not).
 # Prints instructions per request (1-event requests) and per event = (I_many - I_one) /
 # (REQUESTS x (EVENTS - 1)), all threads of the proxy, user space only; then the functions with
 # the most self instructions in the EVENTS-event run.
@@ -16,8 +17,12 @@ events=${EVENTS:-64}
 sim_port=${SIM_PORT:-18101}
 proxy_port=${PROXY_PORT:-18102}
 # The profiling profile is the release build with line tables, so functions have names.
-cargo build --profile profiling --bin tokenmeter >&2
-bin=target/profiling/tokenmeter
+if [ -n "${BIN:-}" ]; then
+    bin=$BIN
+else
+    cargo build --profile profiling --bin tokenmeter >&2
+    bin=target/profiling/tokenmeter
+fi
 dir=$(mktemp -d)
 pids=()
 cleanup() {
@@ -50,7 +55,7 @@ wait_port "$proxy_port"
 run() {
     for _ in $(seq "$1"); do
         curl -sfN "http://127.0.0.1:$proxy_port/v1/chat/completions" \
-            -H 'content-type: application/json' \
+            -H 'content-type: application/json' -H 'authorization: Bearer sk-callgrind-0123456789' \
             -d "{\"model\":\"sim-model\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":$2,\"stream\":true}" \
             >/dev/null
     done

@@ -18,10 +18,11 @@ fn below_mask(w: u64, n: u8) -> u64 {
     w.wrapping_sub(LO * u64::from(n)) & !w & HI
 }
 
-/// Whether a byte ends a run of plain JSON string contents: `"`, `\` or a control byte.
+/// Whether a byte ends a run of plain ASCII JSON string contents: `"`, `\`, a control byte, or
+/// a byte of a multi-byte UTF-8 sequence (its validity is checked apart).
 #[inline]
 pub(crate) fn is_string_special(c: u8) -> bool {
-    c == b'"' || c == b'\\' || c < 0x20
+    c == b'"' || c == b'\\' || c < 0x20 || c >= 0x80
 }
 
 /// Index of the first byte at or after `from` in `s` that [`is_string_special`], or `s.len()`.
@@ -32,7 +33,8 @@ pub(crate) fn find_string_special(s: &[u8], from: usize) -> usize {
         let mut word = [0u8; 8];
         word.copy_from_slice(chunk);
         let w = u64::from_le_bytes(word);
-        let m = eq_mask(w, b'"') | eq_mask(w, b'\\') | below_mask(w, 0x20);
+        // The high bits flag bytes >= 0x80 exactly; the lowest flag of the union stays exact.
+        let m = eq_mask(w, b'"') | eq_mask(w, b'\\') | below_mask(w, 0x20) | (w & HI);
         if m != 0 {
             return i + (m.trailing_zeros() / 8) as usize;
         }
@@ -54,7 +56,7 @@ mod tests {
     fn word_search_finds_what_a_byte_search_finds() {
         for len in 0..40usize {
             for at in 0..=len {
-                for target in [b'"', b'\\', 0x00, 0x1f, b'\n'] {
+                for target in [b'"', b'\\', 0x00, 0x1f, b'\n', 0x80, 0xc3, 0xff] {
                     for fill in (0..=255u8).filter(|&c| !is_string_special(c)) {
                         let mut v = vec![fill; len];
                         if at < len {

@@ -12,11 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Arms in the latency phase; the first is the baseline every other is paired against.
-pub const ARMS: [&str; 5] = [
+pub const ARMS: [&str; 7] = [
     "direct",
     "direct2",
     "tokenmeter",
     "tokenmeter_nometer",
+    "tokenmeter_before",
+    "tokenmeter_before_nometer",
     "nginx",
 ];
 
@@ -25,6 +27,8 @@ fn addr_of(env: &Env, arm: &str) -> Option<SocketAddr> {
         "direct" | "direct2" => Some(env.sim),
         "tokenmeter" => Some(env.tm),
         "tokenmeter_nometer" => Some(env.nometer),
+        "tokenmeter_before" => env.before.map(|b| b.0),
+        "tokenmeter_before_nometer" => env.before.map(|b| b.1),
         _ => env.nginx,
     }
 }
@@ -248,7 +252,14 @@ pub async fn cpu(env: &Env, o: &Opts, rng: &mut impl rand::Rng) -> Value {
 /// first step with an error. `served` = the largest N held with zero errors.
 pub async fn ramp(env: &Env, o: &Opts) -> Value {
     let mut out = serde_json::Map::new();
-    for arm in ["direct", "tokenmeter", "tokenmeter_nometer", "nginx"] {
+    for arm in [
+        "direct",
+        "tokenmeter",
+        "tokenmeter_nometer",
+        "tokenmeter_before",
+        "tokenmeter_before_nometer",
+        "nginx",
+    ] {
         let Some(addr) = addr_of(env, arm) else {
             continue;
         };

@@ -42,6 +42,8 @@ pub struct Env {
     pub tm: SocketAddr,
     /// tokenmeter with `metering=false`.
     pub nometer: SocketAddr,
+    /// The `--bin-before` build with metering on and off, when given (before/after in one run).
+    pub before: Option<(SocketAddr, SocketAddr)>,
     /// nginx, when it could be started.
     pub nginx: Option<SocketAddr>,
     /// Process ids per proxy arm (nginx: master and workers).
@@ -54,6 +56,8 @@ pub struct Env {
 pub struct EnvSpec<'a> {
     /// The tokenmeter binary.
     pub bin: &'a Path,
+    /// An earlier tokenmeter build measured beside it (`--bin-before`).
+    pub bin_before: Option<&'a Path>,
     /// nginx binary, if the nginx arm is wanted.
     pub nginx: Option<&'a Path>,
     /// nginx `worker_processes` value (`1` or `auto`).
@@ -167,27 +171,39 @@ impl Env {
         procs.push(Proc { child });
         wait_ready(sim, "simulator")?;
         let mut pids = Vec::new();
-        let mut serve = |name: &'static str, extra: &[&str]| -> anyhow::Result<SocketAddr> {
-            let addr = free_port()?;
-            let log = spec.dir.join(format!("{name}-access.jsonl"));
-            let child = Command::new(spec.bin)
-                .args(["serve", "--listen", &addr.to_string()])
-                .args(["--upstream", &format!("http://{sim}")])
-                .arg("--access-log")
-                .arg(&log)
-                .args(extra)
-                .env("TOKENMETER_LOG", "warn")
-                .envs(spec.tm_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                .stdout(Stdio::null())
-                .stderr(log_file(spec.dir, &format!("{name}.log"))?)
-                .spawn()?;
-            pids.push((name, vec![child.id()]));
-            procs.push(Proc { child });
-            wait_ready(addr, name)?;
-            Ok(addr)
+        let mut serve =
+            |name: &'static str, bin: &Path, extra: &[&str]| -> anyhow::Result<SocketAddr> {
+                let addr = free_port()?;
+                let log = spec.dir.join(format!("{name}-access.jsonl"));
+                let child = Command::new(bin)
+                    .args(["serve", "--listen", &addr.to_string()])
+                    .args(["--upstream", &format!("http://{sim}")])
+                    .arg("--access-log")
+                    .arg(&log)
+                    .args(extra)
+                    .env("TOKENMETER_LOG", "warn")
+                    .envs(spec.tm_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                    .stdout(Stdio::null())
+                    .stderr(log_file(spec.dir, &format!("{name}.log"))?)
+                    .spawn()?;
+                pids.push((name, vec![child.id()]));
+                procs.push(Proc { child });
+                wait_ready(addr, name)?;
+                Ok(addr)
+            };
+        let tm = serve("tokenmeter", spec.bin, &[])?;
+        let nometer = serve("tokenmeter_nometer", spec.bin, &["--set", "metering=false"])?;
+        let before = match spec.bin_before {
+            Some(bin) => Some((
+                serve("tokenmeter_before", bin, &[])?,
+                serve(
+                    "tokenmeter_before_nometer",
+                    bin,
+                    &["--set", "metering=false"],
+                )?,
+            )),
+            None => None,
         };
-        let tm = serve("tokenmeter", &[])?;
-        let nometer = serve("tokenmeter_nometer", &["--set", "metering=false"])?;
         let mut nginx = None;
         if let Some(bin) = spec.nginx {
             match start_nginx(spec, bin, sim) {
@@ -208,6 +224,7 @@ impl Env {
             sim,
             tm,
             nometer,
+            before,
             nginx,
             pids,
             _procs: procs,

@@ -80,7 +80,14 @@ pub fn print(all: &Value, o: &Opts) {
     println!("\n## Proxy cost\n");
     println!("| arm | CPU µs/request | CPU µs/event | idle RSS KiB | RSS KiB/stream (per ramp step) | max streams, 0 errors |");
     println!("|---|---|---|---|---|---|");
-    for arm in ["tokenmeter", "tokenmeter_nometer", "nginx", "direct"] {
+    for arm in [
+        "tokenmeter",
+        "tokenmeter_nometer",
+        "tokenmeter_before",
+        "tokenmeter_before_nometer",
+        "nginx",
+        "direct",
+    ] {
         let cpu = all.get("cpu").and_then(|c| c.get(arm));
         let ramp = all.get("ramp").and_then(|c| c.get(arm));
         if cpu.is_none() && ramp.is_none() {

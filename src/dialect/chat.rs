@@ -1,7 +1,7 @@
 //! OpenAI chat completions (`/v1/chat/completions`): `data: {json}` events ending with
 //! `data: [DONE]`, read by the skimmer in [`crate::openai`] (the fast path for vLLM's events).
 
-use super::{Api, Dialect, EventSummary, StreamUsage};
+use super::{Api, Dialect, EventMemo, EventSummary, StreamUsage};
 use crate::fold::{Unfoldable, Upgrade};
 
 /// An OpenAI-style API. Chat completions and text completions read the same events and bodies
@@ -49,6 +49,14 @@ impl Dialect for OpenAiStyle {
         openai_event(data)
     }
 
+    #[inline]
+    fn stream_event<'a>(&self, data: &'a [u8], memo: &mut EventMemo) -> Option<EventSummary<'a>> {
+        if data == b"[DONE]" {
+            return Some(done());
+        }
+        crate::openai::summarize_in_stream(data, memo).map(from_summary)
+    }
+
     fn body<'a>(&self, body: &'a [u8]) -> Option<EventSummary<'a>> {
         openai_body(body)
     }
@@ -62,12 +70,22 @@ impl Dialect for OpenAiStyle {
 #[inline]
 pub(super) fn openai_event(data: &[u8]) -> Option<EventSummary<'_>> {
     if data == b"[DONE]" {
-        return Some(EventSummary {
-            end: true,
-            ..EventSummary::default()
-        });
+        return Some(done());
     }
-    crate::openai::summarize(data).map(|s| EventSummary {
+    crate::openai::summarize(data).map(from_summary)
+}
+
+/// `data: [DONE]`.
+fn done() -> EventSummary<'static> {
+    EventSummary {
+        end: true,
+        ..EventSummary::default()
+    }
+}
+
+#[inline]
+fn from_summary(s: crate::openai::Summary<'_>) -> EventSummary<'_> {
+    EventSummary {
         output: s.content_choices,
         choices: s.choices,
         usage_only: s.choices == 0 && s.usage.is_some() && !s.is_error,
@@ -76,7 +94,7 @@ pub(super) fn openai_event(data: &[u8]) -> Option<EventSummary<'_>> {
         error: s.is_error,
         end: false,
         server_timings: s.server_timings,
-    })
+    }
 }
 
 /// A whole non-streamed OpenAI-style body.

@@ -11,6 +11,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use crate::fold::{Unfoldable, Upgrade};
+pub use crate::openai::EventMemo;
 use crate::openai::ServerTimings;
 
 pub mod chat;
@@ -136,6 +137,14 @@ pub trait Dialect: Send + Sync + 'static {
 
     /// Reads one SSE event's data (the data lines joined; comments never reach here).
     fn event<'a>(&self, data: &'a [u8]) -> Option<EventSummary<'a>>;
+
+    /// [`event`](Self::event) for the next event of one stream, with `memo` kept per stream (a
+    /// reader may learn from earlier events what it can skip in later ones). Answers what
+    /// `event` answers.
+    #[inline]
+    fn stream_event<'a>(&self, data: &'a [u8], _memo: &mut EventMemo) -> Option<EventSummary<'a>> {
+        self.event(data)
+    }
 
     /// Reads a whole non-streamed JSON body.
     fn body<'a>(&self, body: &'a [u8]) -> Option<EventSummary<'a>>;

@@ -15,13 +15,15 @@ use super::labels::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
 use super::levels::{GuardKey, LevelAttribution};
 use super::prometheus::{PromState, Slot};
 use super::scope::Scope;
+use super::scopes::{ScopeSlot, Scopes};
 use super::timeline::{generation_interval, second_of};
 
 #[derive(Debug, Clone)]
 struct OpenRequest {
     start_ns: UnixNanos,
-    user: Arc<str>,
-    model: Arc<str>,
+    /// Its user's and model's scopes: kept while it is open (their level counts it).
+    user: ScopeSlot,
+    model: ScopeSlot,
     attributed: f64,
     area_start: u128,
     /// Its counters' place in the Prometheus state.
@@ -42,9 +44,9 @@ pub struct Meter {
     pub(super) config: MeterConfig,
     pub(super) origin: UnixNanos,
     pub(super) aggregate: Scope,
-    pub(super) users: HashMap<Arc<str>, Scope>,
+    pub(super) users: Scopes,
     pub(super) users_folded: u64,
-    pub(super) models: HashMap<Arc<str>, Scope>,
+    pub(super) models: Scopes,
     open: HashMap<u64, OpenRequest, BuildHasherDefault<IdHasher>>,
     pub(super) capacity: CapacityAccumulator,
     /// The production-traffic curve's attribution (aggregate scope).
@@ -102,9 +104,9 @@ impl Meter {
             config,
             origin,
             aggregate: Scope::new(origin),
-            users: HashMap::new(),
+            users: Scopes::default(),
             users_folded: 0,
-            models: HashMap::new(),
+            models: Scopes::default(),
             open: HashMap::default(),
             capacity: CapacityAccumulator::new(),
             levels,
@@ -169,9 +171,8 @@ impl Meter {
             t.evict_before(floor.saturating_mul(NANOS_PER_SEC));
         }
         let expiry = self.config.user_idle_expiry_s.saturating_mul(NANOS_PER_SEC);
-        self.users.retain(|_, s| {
-            s.in_flight.level() > 0 || now.saturating_sub(s.last_event_ns) <= expiry
-        });
+        self.users
+            .retain(|s| s.in_flight.level() > 0 || now.saturating_sub(s.last_event_ns) <= expiry);
         for s in self.users.values_mut().chain(self.models.values_mut()) {
             if s.in_flight.level() > 0 {
                 s.advance(now, floor);
@@ -180,40 +181,37 @@ impl Meter {
         }
     }
 
-    fn user_key(&mut self, now: UnixNanos, user: &str) -> Arc<str> {
-        if let Some((k, _)) = self.users.get_key_value(user) {
-            return k.clone();
+    fn user_key(&mut self, now: UnixNanos, user: &str) -> ScopeSlot {
+        if let Some(slot) = self.users.find(user) {
+            return slot;
         }
         let tracked = self.users.len() - self.users.contains_key(OTHER) as usize;
         let key: Arc<str> = if tracked < self.config.max_tracked_users {
             Arc::from(user)
         } else {
             self.users_folded += 1;
-            if let Some((k, _)) = self.users.get_key_value(OTHER) {
-                return k.clone();
+            if let Some(slot) = self.users.find(OTHER) {
+                return slot;
             }
             Arc::from(OTHER)
         };
-        self.users.insert(key.clone(), Scope::new(now));
-        key
+        self.users.insert(key, Scope::new(now))
     }
 
-    fn model_key(&mut self, now: UnixNanos, model: Option<&str>) -> Arc<str> {
+    fn model_key(&mut self, now: UnixNanos, model: Option<&str>) -> ScopeSlot {
         let name = model.unwrap_or(UNKNOWN_MODEL);
-        if let Some((k, _)) = self.models.get_key_value(name) {
-            return k.clone();
+        if let Some(slot) = self.models.find(name) {
+            return slot;
         }
         let name = if self.models.len() < MAX_TRACKED_MODELS {
             name
         } else {
             OTHER
         };
-        if let Some((k, _)) = self.models.get_key_value(name) {
-            return k.clone();
+        if let Some(slot) = self.models.find(name) {
+            return slot;
         }
-        let key: Arc<str> = Arc::from(name);
-        self.models.insert(key.clone(), Scope::new(now));
-        key
+        self.models.insert(Arc::from(name), Scope::new(now))
     }
 
     /// Turns the cross-check on (aggregate windows get a `server` object); idempotent.
@@ -242,7 +240,7 @@ impl Meter {
         let user = self.user_key(now, user);
         let model = self.model_key(now, model);
         self.aggregate.start(now, floor);
-        for s in [self.users.get_mut(&user), self.models.get_mut(&model)]
+        for s in [self.users.get_mut(user), self.models.get_mut(model)]
             .into_iter()
             .flatten()
         {
@@ -290,10 +288,10 @@ impl Meter {
         self.levels.tokens(from, now, d);
         o.last_token_ns = Some(o.last_token_ns.map_or(now, |t| t.max(now)));
         self.aggregate.tokens(now, d, floor);
-        if let Some(s) = self.users.get_mut(&o.user) {
+        if let Some(s) = self.users.get_mut(o.user) {
             s.tokens(now, d, floor);
         }
-        if let Some(s) = self.models.get_mut(&o.model) {
+        if let Some(s) = self.models.get_mut(o.model) {
             s.tokens(now, d, floor);
         }
     }
@@ -328,7 +326,7 @@ impl Meter {
         }
         let floor = self.floor(second_of(now));
         let (user, model, attributed, started) = match &open {
-            Some(o) => (o.user.clone(), o.model.clone(), o.attributed, true),
+            Some(o) => (o.user, o.model, o.attributed, true),
             None => {
                 let u = self.user_key(now, &record.user);
                 (u, self.model_key(now, record.model.as_deref()), 0.0, false)
@@ -336,7 +334,7 @@ impl Meter {
         };
         self.aggregate
             .finish(now, record, attributed, started, floor);
-        for s in [self.users.get_mut(&user), self.models.get_mut(&model)]
+        for s in [self.users.get_mut(user), self.models.get_mut(model)]
             .into_iter()
             .flatten()
         {

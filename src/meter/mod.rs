@@ -20,6 +20,7 @@ pub mod prometheus;
 pub mod replay;
 pub mod ring;
 pub mod scope;
+mod scopes;
 pub mod series;
 pub mod snapshot;
 mod stats;

@@ -24,24 +24,61 @@ const MAX_DEPTH: u32 = 64;
 
 /// Summarizes `data` when it is a JSON object of a shape the skimmer knows.
 pub(super) fn summarize(data: &[u8]) -> Skimmed<Summary<'_>> {
-    // One check of the whole input (fast on ASCII) lets spans be borrowed as `str` below.
-    let text = std::str::from_utf8(data).map_err(|_| Decline)?;
+    summarize_from(data, None).map(|(s, _)| s)
+}
+
+/// What the previous event of a stream lets the skimmer skip in the next one: the bytes of its
+/// top-level members before `choices` (vLLM repeats `id`, `object`, `created` and `model`
+/// unchanged in every event of a stream), up to and including the byte where the parse of the
+/// `choices` member began.
+///
+/// An event that starts with exactly these bytes brings the parser to exactly the state it was
+/// in there (the parse reads left to right and never looks past that byte before it), so the
+/// skimmer resumes at that byte: the answer is the one the whole parse gives.
+#[derive(Debug, Default, Clone)]
+pub struct EventMemo {
+    prefix: Vec<u8>,
+}
+
+/// A memo shorter than this saves less than the comparison costs.
+const MIN_MEMO: usize = 16;
+
+/// [`summarize`] for the next event of the stream `memo` belongs to; learns the event's prefix.
+pub(super) fn summarize_memo<'a>(data: &'a [u8], memo: &mut EventMemo) -> Skimmed<Summary<'a>> {
+    let n = memo.prefix.len();
+    if n >= MIN_MEMO && data.len() > n && data[..n] == memo.prefix[..] {
+        return summarize_from(data, Some(n - 1)).map(|(s, _)| s);
+    }
+    let (s, mark) = summarize_from(data, None)?;
+    match mark {
+        Some(m) if m + 1 >= MIN_MEMO => {
+            memo.prefix.clear();
+            memo.prefix.extend_from_slice(&data[..=m]);
+        }
+        _ => memo.prefix.clear(),
+    }
+    Ok(s)
+}
+
+/// Parses `data` whole (`resume` `None`) or from the memo's resume point; with the point where a
+/// memo could resume this event, when it has one.
+fn summarize_from(data: &[u8], resume: Option<usize>) -> Skimmed<(Summary<'_>, Option<usize>)> {
+    // UTF-8 is checked where it can occur: outside strings any byte >= 0x80 is not JSON and
+    // declines; inside a string the search stops at one and the string is checked whole.
     let mut p = Parser {
-        text,
         b: data,
-        i: 0,
+        i: resume.unwrap_or(0),
         depth: 0,
     };
-    let summary = p.top()?;
+    let (summary, mark) = p.top(resume.is_some())?;
     p.ws();
     if p.i != data.len() {
         return Err(Decline);
     }
-    Ok(summary)
+    Ok((summary, mark))
 }
 
 struct Parser<'a> {
-    text: &'a str,
     b: &'a [u8],
     i: usize,
     depth: u32,
@@ -62,6 +99,7 @@ fn carries(raw: &[u8]) -> bool {
 }
 
 impl<'a> Parser<'a> {
+    #[inline]
     fn ws(&mut self) {
         while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.b.get(self.i) {
             self.i += 1;
@@ -69,9 +107,16 @@ impl<'a> Parser<'a> {
     }
 
     /// The next byte that is not whitespace, not consumed.
+    #[inline]
     fn peek(&mut self) -> Skimmed<u8> {
-        self.ws();
-        self.b.get(self.i).copied().ok_or(Decline)
+        match self.b.get(self.i) {
+            // vLLM writes no whitespace between tokens: one comparison settles it.
+            Some(&c) if c > b' ' => Ok(c),
+            _ => {
+                self.ws();
+                self.b.get(self.i).copied().ok_or(Decline)
+            }
+        }
     }
 
     fn eat(&mut self, c: u8) -> Skimmed<()> {
@@ -93,16 +138,25 @@ impl<'a> Parser<'a> {
     }
 
     /// A string at the current `"`: its contents' byte range and whether it holds escapes.
+    #[inline]
     fn string(&mut self) -> Skimmed<(usize, usize, bool)> {
         let start = self.i + 1;
         let mut i = start;
         let mut escaped = false;
+        let mut ascii = true;
         loop {
             i = find_string_special(self.b, i);
             match self.b.get(i) {
                 Some(b'"') => {
+                    if !ascii && std::str::from_utf8(&self.b[start..i]).is_err() {
+                        return Err(Decline);
+                    }
                     self.i = i + 1;
                     return Ok((start, i, escaped));
+                }
+                Some(0x80..=0xff) => {
+                    ascii = false;
+                    i += 1;
                 }
                 Some(b'\\') => match self.b.get(i + 1) {
                     Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
@@ -216,7 +270,11 @@ impl<'a> Parser<'a> {
             // serde compares the unescaped key; not worth doing here.
             return Err(Decline);
         }
-        self.eat(b':')?;
+        if self.b.get(self.i) == Some(&b':') {
+            self.i += 1;
+        } else {
+            self.eat(b':')?;
+        }
         Ok(Some(&self.b[from..to]))
     }
 
@@ -261,15 +319,33 @@ impl<'a> Parser<'a> {
         self.enter()
     }
 
-    fn top(&mut self) -> Skimmed<Summary<'a>> {
+    /// The top-level object; `resumed`: the cursor is where a memo's prefix ends, inside the
+    /// object after its first member, no member read so far being one this reads. Returns, for
+    /// a whole parse, the memo's resume point: where the `choices` member began when no member
+    /// before it is one this reads.
+    fn top(&mut self, resumed: bool) -> Skimmed<(Summary<'a>, Option<usize>)> {
         let mut s = Summary::default();
         let (mut seen_choices, mut seen_usage) = (false, false);
         let (mut seen_error, mut seen_metrics) = (false, false);
-        self.open_object()?;
-        let mut first = true;
-        while let Some(key) = self.key(&mut first)? {
+        let mut mark = None;
+        let mut first = !resumed;
+        if resumed {
+            self.depth = 1;
+        } else {
+            self.open_object()?;
+        }
+        let mut members = 0u32;
+        loop {
+            let at = self.i;
+            let Some(key) = self.key(&mut first)? else {
+                break;
+            };
+            members += 1;
             match key {
                 b"choices" => {
+                    if !resumed && members > 1 && !(seen_usage || seen_error || seen_metrics) {
+                        mark = Some(at);
+                    }
                     first_time(&mut seen_choices)?;
                     if !self.null()? {
                         self.choices(&mut s)?;
@@ -299,7 +375,7 @@ impl<'a> Parser<'a> {
             }
         }
         self.depth -= 1;
-        Ok(s)
+        Ok((s, mark))
     }
 
     fn choices(&mut self, s: &mut Summary<'a>) -> Skimmed<()> {
@@ -354,7 +430,8 @@ impl<'a> Parser<'a> {
                         if escaped {
                             return Err(Decline);
                         }
-                        finish = Some(Cow::Borrowed(&self.text[from..to]));
+                        let text = std::str::from_utf8(&self.b[from..to]);
+                        finish = Some(Cow::Borrowed(text.map_err(|_| Decline)?));
                     }
                 }
                 _ => {

@@ -11,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
-use crate::dialect::{Dialect, EventSummary};
+use crate::dialect::{Dialect, EventMemo, EventSummary};
 use crate::proxy::tracker::Tracker;
 use crate::record::Outcome;
 use crate::sse::SseScanner;
@@ -26,6 +26,8 @@ pub enum Reading {
     Sse {
         dialect: &'static dyn Dialect,
         scanner: SseScanner,
+        /// What the dialect's reader learned from this stream's earlier events.
+        memo: EventMemo,
         strip_usage: bool,
         held: BytesMut,
         max_held: usize,
@@ -127,6 +129,7 @@ impl MeteredBody {
             Reading::Sse {
                 dialect,
                 scanner,
+                memo,
                 strip_usage,
                 held,
                 max_held,
@@ -135,14 +138,14 @@ impl MeteredBody {
                 if !*strip_usage {
                     scanner.feed(&data, |ev| {
                         if !ev.oversize {
-                            if let Some(s) = dialect.event(ev.data) {
+                            if let Some(s) = dialect.stream_event(ev.data, memo) {
                                 tracker.on_event(&s, now, true);
                             }
                         }
                     });
                     data
                 } else {
-                    let mut out = strip_usage_events(dialect, scanner, held, &data, |s| {
+                    let mut out = strip_usage_events(dialect, scanner, memo, held, &data, |s| {
                         tracker.on_event(s, now, true);
                     });
                     if held.len() > *max_held {
@@ -171,6 +174,7 @@ impl MeteredBody {
 pub(crate) fn strip_usage_events(
     dialect: &dyn Dialect,
     scanner: &mut SseScanner,
+    memo: &mut EventMemo,
     held: &mut BytesMut,
     data: &Bytes,
     mut on_summary: impl FnMut(&EventSummary<'_>),
@@ -184,7 +188,7 @@ pub(crate) fn strip_usage_events(
     scanner.feed(data, |ev| {
         let mut usage_only = false;
         if !ev.oversize {
-            if let Some(s) = dialect.event(ev.data) {
+            if let Some(s) = dialect.stream_event(ev.data, memo) {
                 usage_only = s.usage_only;
                 on_summary(&s);
             }
@@ -375,6 +379,7 @@ mod tests {
         pieces: impl Iterator<Item = std::ops::Range<usize>>,
     ) -> (Vec<u8>, usize, usize) {
         let mut scanner = SseScanner::default();
+        let mut memo = EventMemo::default();
         let mut held = BytesMut::new();
         let mut out = Vec::new();
         let mut usage_events = 0;
@@ -382,7 +387,7 @@ mod tests {
         let mut max_held = 0;
         for r in pieces {
             let data = Bytes::copy_from_slice(&body[r]);
-            let sent = strip_usage_events(&CHAT, &mut scanner, &mut held, &data, |s| {
+            let sent = strip_usage_events(&CHAT, &mut scanner, &mut memo, &mut held, &data, |s| {
                 if s.usage.is_some() {
                     usage_events += 1;
                 }
@@ -419,16 +424,17 @@ mod tests {
     #[test]
     fn whole_frames_pass_without_copy_and_comments_survive() {
         let mut scanner = SseScanner::default();
+        let mut memo = EventMemo::default();
         let mut held = BytesMut::new();
         let frame = Bytes::from_static(
             b": keep-alive\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
         );
-        let out = strip_usage_events(&CHAT, &mut scanner, &mut held, &frame, |_| {});
+        let out = strip_usage_events(&CHAT, &mut scanner, &mut memo, &mut held, &frame, |_| {});
         assert_eq!(out.as_ptr(), frame.as_ptr(), "zero-copy pass-through");
         let usage = Bytes::from_static(
             b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n",
         );
-        let out = strip_usage_events(&CHAT, &mut scanner, &mut held, &usage, |_| {});
+        let out = strip_usage_events(&CHAT, &mut scanner, &mut memo, &mut held, &usage, |_| {});
         assert_eq!(&out[..], b"data: [DONE]\n\n");
     }
 }

@@ -378,6 +378,7 @@ fn reading(
         Reading::Sse {
             dialect,
             scanner: SseScanner::new(cfg.max_sse_event_bytes),
+            memo: Default::default(),
             strip_usage,
             held: Default::default(),
             max_held: cfg.max_sse_event_bytes,

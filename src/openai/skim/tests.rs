@@ -107,8 +107,19 @@ fn hand_picked_cases_agree() {
         br#"{"usage":{"prompt_tokens":0,"completion_tokens":18446744073709551615,"x":[1.5,-0.0,true,false,{"y":"\n\"\\\/"}]}}"#,
         br#"{"choices":[{"delta":{"reasoning":"r","content":null}}],"id":"\t"}"#,
         br#"{}"#,
+        // Text beyond ASCII, in a skipped value and in one that is read.
+        "{\"id\":\"caf\u{e9} \u{1f600}\",\"choices\":[{\"delta\":{\"content\":\"\u{4e2d}\u{6587}\"},\"finish_reason\":\"\u{e9}t\u{e9}\"}]}".as_bytes(),
     ] {
         assert!(agrees(data), "{}", String::from_utf8_lossy(data));
+    }
+    // Invalid UTF-8 inside a string, skipped or read, and a stray high byte outside one.
+    for data in [
+        &b"{\"id\":\"\xc3\",\"choices\":[]}"[..],
+        b"{\"choices\":[{\"delta\":{\"content\":\"\xff\xfe\"}}]}",
+        b"{\"choices\":[{\"finish_reason\":\"\xe9\"}]}",
+        b"{\"choices\":[]\xc3\xa9}",
+    ] {
+        assert!(!agrees(data), "{}", String::from_utf8_lossy(data));
     }
 }
 
@@ -330,5 +341,82 @@ proptest! {
         let i = at.index(e.len());
         if cut { e.truncate(i) } else { e[i] = byte }
         agrees(&e);
+    }
+}
+
+/// The memo's answer for `e` after learning from `learn` is the whole parse's answer for `e`.
+fn memo_agrees(learn: &[u8], e: &[u8]) {
+    let mut memo = EventMemo::default();
+    let _ = summarize_memo(learn, &mut memo);
+    let resumed = summarize_memo(e, &mut memo).ok();
+    assert_eq!(
+        resumed,
+        summarize(e).ok(),
+        "learned {:?}, read {:?}",
+        String::from_utf8_lossy(learn),
+        String::from_utf8_lossy(e)
+    );
+}
+
+#[test]
+fn a_memo_skips_the_repeated_members_and_answers_what_the_whole_parse_answers() {
+    let mut resumed = 0;
+    let mut memo = EventMemo::default();
+    for e in fixture_events() {
+        let before = memo.prefix.clone();
+        let got = summarize_memo(e, &mut memo).ok();
+        assert_eq!(got, summarize(e).ok(), "{}", String::from_utf8_lossy(e));
+        if !before.is_empty() && e.starts_with(&before) {
+            resumed += 1;
+        }
+    }
+    // Every event of a recorded stream after its first shares `id`..`model` with the one before.
+    assert!(resumed > 20, "{resumed}");
+    let first = br#"{"id":"x-1","object":"chat.completion.chunk","created":17,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}"#;
+    let mut memo = EventMemo::default();
+    assert!(summarize_memo(first, &mut memo).is_ok());
+    assert_eq!(
+        memo.prefix,
+        br#"{"id":"x-1","object":"chat.completion.chunk","created":17,"model":"m","#.to_vec()
+    );
+    // The same prefix, then what the whole parse must still check.
+    for (e, answers) in [
+        (&br#"{"id":"x-1","object":"chat.completion.chunk","created":17,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"stop"}]}"#[..], true),
+        (br#"{"id":"x-1","object":"chat.completion.chunk","created":17,"model":"m","choices":[],"choices":[]}"#, false),
+        (br#"{"id":"x-1","object":"chat.completion.chunk","created":17,"model":"m","model":"n","choices":[]}"#, true),
+        (br#"{"id":"x-1","object":"chat.completion.chunk","created":17,"model":"m","choices":[{"text":"\u00e9"}]}"#, false),
+        (br#"{"id":"x-1","object":"chat.completion.chunk","created":17,"model":"m","choices":[]"#, false),
+        (br#"{"id":"x-1","object":"chat.completion.chunk","created":17,"model":"m","choices":[]}x"#, false),
+        (b"{\"id\":\"x-1\",\"object\":\"chat.completion.chunk\",\"created\":17,\"model\":\"m\",\"choices\":[{\"text\":\"\xff\"}]}", false),
+        // Not the prefix: a number that goes on past the learned one.
+        (br#"{"id":"x-1","object":"chat.completion.chunk","created":170,"model":"m","choices":[]}"#, true),
+    ] {
+        memo_agrees(first, e);
+        assert_eq!(summarize(e).is_ok(), answers, "{}", String::from_utf8_lossy(e));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    /// After learning from a recorded event, the memo reads any one-byte change, cut or insertion
+    /// of it (inside or outside the prefix) as the whole parse does.
+    #[test]
+    fn a_memo_agrees_with_the_whole_parse_on_mutated_recorded_events(
+        pick in any::<prop::sample::Index>(),
+        at in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+        how in 0..3u8,
+    ) {
+        let events = fixture_events();
+        let learn = &events[pick.index(events.len())];
+        let mut e = learn.clone();
+        let i = at.index(e.len());
+        match how {
+            0 => e[i] = byte,
+            1 => e.truncate(i),
+            _ => e.insert(i, byte),
+        }
+        memo_agrees(learn, &e);
     }
 }
