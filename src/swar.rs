@@ -26,7 +26,7 @@ pub(crate) fn is_string_special(c: u8) -> bool {
 }
 
 /// Index of the first byte at or after `from` in `s` that [`is_string_special`], or `s.len()`.
-#[inline]
+#[inline(always)]
 pub(crate) fn find_string_special(s: &[u8], from: usize) -> usize {
     let mut i = from;
     while let Some(chunk) = s.get(i..i + 8) {

@@ -138,7 +138,7 @@ impl<'a> Parser<'a> {
     }
 
     /// A string at the current `"`: its contents' byte range and whether it holds escapes.
-    #[inline]
+    #[inline(always)]
     fn string(&mut self) -> Skimmed<(usize, usize, bool)> {
         let start = self.i + 1;
         let mut i = start;
@@ -245,6 +245,7 @@ impl<'a> Parser<'a> {
     }
 
     /// Inside an object: the next member's key (the `:` consumed), or `None` at its `}`.
+    #[inline(always)]
     fn key(&mut self, first: &mut bool) -> Skimmed<Option<&'a [u8]>> {
         let c = self.peek()?;
         if std::mem::take(first) {
