@@ -22,7 +22,7 @@ fn below_mask(w: u64, n: u8) -> u64 {
 /// a byte of a multi-byte UTF-8 sequence (its validity is checked apart).
 #[inline]
 pub(crate) fn is_string_special(c: u8) -> bool {
-    c == b'"' || c == b'\\' || c < 0x20 || c >= 0x80
+    c == b'"' || c == b'\\' || !(0x20..0x80).contains(&c)
 }
 
 /// Index of the first byte at or after `from` in `s` that [`is_string_special`], or `s.len()`.
