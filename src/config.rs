@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
+use crate::fleet::settings::{ResolvedUpstream, RoutingConfig, UpstreamConfig};
 use crate::record::UserSource;
 use crate::tls::{ListenTlsConfig, UpstreamTlsConfig};
 
@@ -61,8 +62,13 @@ impl fmt::Debug for Secret {
 pub struct ServeConfig {
     /// Address the proxy listens on.
     pub listen: String,
-    /// Base URL of the vLLM server (`http://host:port`).
+    /// Base URL of the vLLM server (`http://host:port`): the single-replica shorthand, used
+    /// when `upstreams` is empty (the upstream is then named by its `host:port`).
     pub upstream: String,
+    /// Several named vLLM replicas; when non-empty it replaces `upstream`.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// How requests are spread over the upstreams and how failing ones are set aside.
+    pub routing: RoutingConfig,
     /// JSON-lines access log file; none when unset.
     pub access_log: Option<PathBuf>,
     /// Records the access log may queue before new ones are dropped (and counted).
@@ -120,6 +126,10 @@ pub struct ServeConfig {
     pub metrics_scrape_interval_s: f64,
     /// A window's `server.disagreement` is true beyond this |proxy − server| / server, percent.
     pub disagreement_threshold_pct: f64,
+    /// OTLP/HTTP receiver (`http://host:port[/base]`) for the GenAI metrics; unset = no export.
+    pub otlp_endpoint: Option<String>,
+    /// Milliseconds between two OTLP exports.
+    pub otlp_export_interval_ms: u64,
 }
 
 impl Default for ServeConfig {
@@ -127,6 +137,8 @@ impl Default for ServeConfig {
         ServeConfig {
             listen: "127.0.0.1:8080".into(),
             upstream: "http://127.0.0.1:8000".into(),
+            upstreams: Vec::new(),
+            routing: RoutingConfig::default(),
             access_log: None,
             access_log_buffer: 65_536,
             admin_listen: None,
@@ -152,6 +164,8 @@ impl Default for ServeConfig {
             upstream_metrics_url: None,
             metrics_scrape_interval_s: 10.0,
             disagreement_threshold_pct: 5.0,
+            otlp_endpoint: None,
+            otlp_export_interval_ms: 10_000,
         }
     }
 }
@@ -221,11 +235,16 @@ impl ServeConfig {
         }
         check(self.upstream_uri().map(drop));
         check(self.metrics_uri().map(drop));
+        check(self.fleet_problem());
         let mut fail = |cond: bool, msg: &str| {
             if cond {
                 p.push(msg.to_string());
             }
         };
+        fail(
+            !(self.otlp_export_interval_ms >= 100 && self.otlp_export_interval_ms <= 3_600_000),
+            "otlp_export_interval_ms: must be between 100 and 3600000",
+        );
         fail(
             !(self.metrics_scrape_interval_s >= 0.1 && self.metrics_scrape_interval_s <= 3600.0),
             "metrics_scrape_interval_s: must be between 0.1 and 3600",
@@ -302,6 +321,58 @@ impl ServeConfig {
         p
     }
 
+    /// The first problem with `upstreams`, `routing` or `otlp_endpoint`.
+    fn fleet_problem(&self) -> anyhow::Result<()> {
+        let ups = self.resolved_upstreams()?;
+        let mut names = std::collections::HashSet::new();
+        for u in &ups {
+            if u.name.is_empty()
+                || u.name.len() > 64
+                || !u
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+            {
+                bail!(
+                    "upstreams: name `{}` must be 1 to 64 of A-Z a-z 0-9 - _ . :",
+                    u.name
+                );
+            }
+            if !names.insert(u.name.clone()) {
+                bail!("upstreams: name `{}` appears twice", u.name);
+            }
+        }
+        if ups.len() > 64 {
+            bail!("upstreams: at most 64");
+        }
+        let r = &self.routing;
+        if !(r.models_refresh_s == 0.0 || (0.1..=86_400.0).contains(&r.models_refresh_s)) {
+            bail!("routing.models_refresh_s: must be 0 or between 0.1 and 86400");
+        }
+        if r.eject_base_ms == 0 || r.eject_max_ms < r.eject_base_ms {
+            bail!("routing: eject_base_ms must be positive and at most eject_max_ms");
+        }
+        if let Some(e) = self.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
+            let uri: http::Uri = e
+                .parse()
+                .with_context(|| format!("otlp_endpoint: `{e}` is not a URL"))?;
+            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+                bail!("otlp_endpoint: `{e}` must be http://host:port[/base]");
+            }
+        }
+        Ok(())
+    }
+
+    /// The upstream as `/stats` names it: the `upstream` URL, or the `upstreams` URLs joined by
+    /// commas.
+    pub fn upstream_label(&self) -> String {
+        if self.upstreams.is_empty() {
+            return self.upstream.clone();
+        }
+        let urls: Vec<&str> = self.upstreams.iter().map(|u| u.url.as_str()).collect();
+        urls.join(",")
+    }
+
     /// The listen address.
     pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {
         self.listen
@@ -309,43 +380,87 @@ impl ServeConfig {
             .with_context(|| format!("listen: `{}` is not host:port", self.listen))
     }
 
-    /// The `/metrics` URL to scrape for the cross-check; `None` when scraping is off.
-    pub fn metrics_uri(&self) -> anyhow::Result<Option<http::Uri>> {
-        let raw = match self.upstream_metrics_url.as_deref().map(str::trim) {
-            None | Some("") => return Ok(None),
-            Some(r) => r,
+    /// The upstreams: `upstreams` when given, else `upstream` named by its `host:port`.
+    pub fn resolved_upstreams(&self) -> anyhow::Result<Vec<ResolvedUpstream>> {
+        let list: Vec<(String, &str, Option<&str>)> = if self.upstreams.is_empty() {
+            let uri = parse_upstream("upstream", &self.upstream)?;
+            let name = uri
+                .authority()
+                .map_or("upstream", |a| a.as_str())
+                .to_string();
+            vec![(name, self.upstream.as_str(), None)]
+        } else {
+            self.upstreams
+                .iter()
+                .map(|u| (u.name.clone(), u.url.as_str(), u.metrics_url.as_deref()))
+                .collect()
         };
-        if raw == "auto" {
-            let up = self.upstream_uri()?;
-            let authority = up.authority().context("upstream has no host")?;
-            let uri = format!("http://{authority}/metrics")
-                .parse()
-                .context("upstream_metrics_url")?;
-            return Ok(Some(uri));
-        }
-        let uri: http::Uri = raw
-            .parse()
-            .with_context(|| format!("upstream_metrics_url: `{raw}` is not a URL"))?;
-        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-            bail!("upstream_metrics_url: `{raw}` must be \"auto\" or http://host:port/path");
-        }
-        Ok(Some(uri))
+        list.into_iter()
+            .map(|(name, url, metrics)| {
+                let key = format!("upstreams.{name}.url");
+                let uri = parse_upstream(&key, url)?;
+                let authority = uri.authority().context("upstream has no host")?.to_string();
+                let scheme = uri.scheme_str().unwrap_or("http");
+                let base = format!("{scheme}://{authority}{}", uri.path().trim_end_matches('/'));
+                let metrics =
+                    metrics_target(metrics.or(self.upstream_metrics_url.as_deref()), &authority)?;
+                Ok(ResolvedUpstream {
+                    name,
+                    url: url.to_string(),
+                    base,
+                    authority,
+                    metrics,
+                })
+            })
+            .collect()
     }
 
-    /// The upstream base URI (scheme http or https, with an authority).
-    pub fn upstream_uri(&self) -> anyhow::Result<http::Uri> {
-        let uri: http::Uri = self
-            .upstream
-            .parse()
-            .with_context(|| format!("upstream: `{}` is not a URL", self.upstream))?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
-            bail!(
-                "upstream: `{}` must be http://host:port or https://host:port",
-                self.upstream
-            );
-        }
-        Ok(uri)
+    /// The `/metrics` URL of the first upstream to scrape for the cross-check; `None` when
+    /// scraping is off.
+    pub fn metrics_uri(&self) -> anyhow::Result<Option<http::Uri>> {
+        let up = self.upstream_uri()?;
+        let authority = up.authority().context("upstream has no host")?;
+        metrics_target(self.upstream_metrics_url.as_deref(), authority.as_str())
     }
+
+    /// The upstream base URI (scheme http or https, with an authority) of the single-upstream
+    /// shorthand.
+    pub fn upstream_uri(&self) -> anyhow::Result<http::Uri> {
+        parse_upstream("upstream", &self.upstream)
+    }
+}
+
+/// Parses an upstream base URL (scheme http or https, with an authority); `key` names the
+/// setting.
+fn parse_upstream(key: &str, raw: &str) -> anyhow::Result<http::Uri> {
+    let uri: http::Uri = raw
+        .parse()
+        .with_context(|| format!("{key}: `{raw}` is not a URL"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+        bail!("{key}: `{raw}` must be http://host:port or https://host:port");
+    }
+    Ok(uri)
+}
+
+/// A `/metrics` setting (`None`/`""` off, `"auto"`, or a URL) for the upstream at `authority`.
+fn metrics_target(setting: Option<&str>, authority: &str) -> anyhow::Result<Option<http::Uri>> {
+    let raw = match setting.map(str::trim) {
+        None | Some("") => return Ok(None),
+        Some(r) => r,
+    };
+    if raw == "auto" {
+        let uri = format!("http://{authority}/metrics")
+            .parse()
+            .context("upstream_metrics_url")?;
+        return Ok(Some(uri));
+    }
+    let uri: http::Uri = raw
+        .parse()
+        .with_context(|| format!("upstream_metrics_url: `{raw}` is not a URL"))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        bail!("upstream_metrics_url: `{raw}` must be \"auto\" or http://host:port/path");
+    }
+    Ok(Some(uri))
 }
 
 /// Flags of `tokenmeter serve`; each overrides the file and the environment.
