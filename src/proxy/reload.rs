@@ -215,6 +215,9 @@ mod tests {
         new.routing.eject_max_ms = 5_000;
         let report = r.apply(&new);
         assert!(report.applied.is_empty(), "{report:?}");
-        assert_eq!(report.need_restart, vec!["routing.eject_max_ms", "upstreams"]);
+        assert_eq!(
+            report.need_restart,
+            vec!["routing.eject_max_ms", "upstreams"]
+        );
     }
 }
