@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use sha2::{Digest, Sha256};
 
 use crate::access_log::AccessLogCounters;
-use crate::clock::{Clock, UnixNanos, NANOS_PER_SEC};
+use crate::clock::{TimeSource, UnixNanos, NANOS_PER_SEC};
 use crate::error::{error_body, kind};
 use crate::health::Health;
 
@@ -45,6 +45,9 @@ pub struct StatsContext {
     pub fleet: Option<FleetStats>,
     /// The OTLP exporter's counters, when export is on.
     pub otlp: Option<Arc<crate::otlp::OtlpCounters>>,
+    /// The clock the queries' "now" is read on: the proxy's measuring clock, so a test on a
+    /// manual clock sees windows on the same timeline as its requests.
+    pub time: TimeSource,
 }
 
 /// What the per-upstream part of `/stats` reads.
@@ -255,7 +258,7 @@ async fn stats(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: Uri)
             return error(StatusCode::BAD_REQUEST, &msg, k, param.as_deref());
         }
     };
-    let now = Clock::global().now();
+    let now = state.ctx.time.unix_now();
     let ctx = &state.ctx;
     let window = query.window.clone();
     let mut result = state
@@ -296,7 +299,7 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     if !authorized(&state, &headers) {
         return unauthorized();
     }
-    let now = Clock::global().now();
+    let now = state.ctx.time.unix_now();
     let mut text = state.handle.prometheus(now).await;
     let ctx = &state.ctx;
     if let Some(fleet) = &ctx.fleet {
@@ -360,7 +363,11 @@ async fn timeline(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: U
             }
         }
     }
-    match state.handle.timeline(Clock::global().now(), seconds).await {
+    match state
+        .handle
+        .timeline(state.ctx.time.unix_now(), seconds)
+        .await
+    {
         Ok(t) => Json(t).into_response(),
         Err(e) => error(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -86,7 +86,7 @@ impl MeteredBody {
     }
 
     fn end(&mut self, outcome: Outcome, error: Option<&str>) {
-        let now = Instant::now();
+        let now = self.tracker.now();
         if let Reading::Json {
             dialect,
             copy,
@@ -273,11 +273,12 @@ impl Body for MeteredBody {
             };
             match Pin::new(inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
-                    let now = Instant::now();
-                    this.last_frame = now;
+                    // The idle timer runs on real time; the measurement on the tracker's clock.
+                    let real = Instant::now();
+                    this.last_frame = real;
                     match frame.into_data() {
                         Ok(data) => {
-                            let out = this.on_data(data, now);
+                            let out = this.on_data(data, this.tracker.observe(real));
                             // A body of known length is over with its last byte: hyper will not
                             // poll again, so the record is finished now, not at drop.
                             let over = this

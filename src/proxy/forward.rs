@@ -76,7 +76,7 @@ pub async fn handle(
     remote: SocketAddr,
     framing: Arc<Verdict>,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
-    let t0 = Instant::now();
+    let t0 = state.trackers.time().now();
     if framing.next_request_is_ambiguous() {
         // Neither the body nor anything after it on this connection can be trusted: answer
         // without reading it, and close.
@@ -354,13 +354,15 @@ async fn forward(
                 if load.is_some() {
                     continue;
                 }
-                tracker.commit_upstream(Instant::now());
+                let now = tracker.now();
+                tracker.commit_upstream(now);
                 return respond_error(tracker, err, outcome, why);
             }
             Err(_) => {
                 // A slow head is not a failing replica (a long non-streamed generation sends
                 // its head at the end): no ejection, no retry.
-                tracker.commit_upstream(Instant::now());
+                let now = tracker.now();
+                tracker.commit_upstream(now);
                 return respond_error(
                     tracker,
                     ProxyError::gateway_timeout("no response headers"),
@@ -370,7 +372,8 @@ async fn forward(
             }
         }
     };
-    tracker.commit_upstream(Instant::now());
+    let now = tracker.now();
+    tracker.commit_upstream(now);
     let mut resp = resp;
     if let (Some((mut fold, dialect, method, headers)), Some((uri, host, index))) =
         (upgraded, last_target)
@@ -610,7 +613,8 @@ fn respond_error(
     tracker.set_status(err.status.as_u16());
     let body = err.body();
     tracker.on_sent(body.len());
-    tracker.finish(outcome, Some(why), Instant::now());
+    let now = tracker.now();
+    tracker.finish(outcome, Some(why), now);
     let mut r = Response::new(ProxyBody::Full(Some(body)));
     *r.status_mut() = err.status;
     r.headers_mut().insert(

@@ -36,7 +36,7 @@ pub use headers::strip_hop_by_hop;
 pub use tracker::{InFlight, RequestMeta, Tracker, TrackerShared};
 
 use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
-use crate::clock::Clock;
+use crate::clock::{Clock, TimeSource};
 use crate::config::ServeConfig;
 use crate::fleet::Upstreams;
 use crate::health::Health;
@@ -188,7 +188,17 @@ impl ProxyHandle {
 /// Starts a proxy with `config`; `observers` receive measurements beside the meter and the log.
 pub async fn spawn(
     config: ServeConfig,
+    observers: Vec<Arc<dyn Observer>>,
+) -> anyhow::Result<ProxyHandle> {
+    spawn_with_time(config, observers, TimeSource::real()).await
+}
+
+/// [`spawn`], measuring on `time`: tests pass [`TimeSource::manual`] and advance it between the
+/// events they script, so TTFT, ITL and durations come out exact. Timeouts stay on real time.
+pub async fn spawn_with_time(
+    config: ServeConfig,
     mut observers: Vec<Arc<dyn Observer>>,
+    time: TimeSource,
 ) -> anyhow::Result<ProxyHandle> {
     config.validate()?;
     let listener = TcpListener::bind(config.listen_addr()?)
@@ -284,6 +294,7 @@ pub async fn spawn(
             meters: upstream_meters.clone(),
             scrape: per_upstream_scrape.clone(),
         }),
+        time: time.clone(),
     };
     let mut admin_addr = None;
     let mut admin_stop = None;
@@ -303,7 +314,8 @@ pub async fn spawn(
     let mut trackers = TrackerShared::new(
         observers,
         Duration::from_secs(config.meter.cold_start_idle_s),
-    );
+    )
+    .with_time_source(time);
     trackers.per_upstream = upstream_meters
         .iter()
         .map(|m| Arc::new(m.clone()) as Arc<dyn Observer>)
