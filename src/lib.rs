@@ -15,6 +15,7 @@ pub mod fleet;
 pub mod fold;
 pub mod health;
 pub mod itl;
+pub mod join;
 pub mod load;
 pub mod meter;
 pub mod observe;

@@ -357,7 +357,7 @@ impl Body for MeteredBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::chat::Chat;
+    use crate::dialect::chat::CHAT;
 
     fn fixture_body(name: &str) -> Vec<u8> {
         let raw = std::fs::read(
@@ -382,7 +382,7 @@ mod tests {
         let mut max_held = 0;
         for r in pieces {
             let data = Bytes::copy_from_slice(&body[r]);
-            let sent = strip_usage_events(&Chat, &mut scanner, &mut held, &data, |s| {
+            let sent = strip_usage_events(&CHAT, &mut scanner, &mut held, &data, |s| {
                 if s.usage.is_some() {
                     usage_events += 1;
                 }
@@ -423,12 +423,12 @@ mod tests {
         let frame = Bytes::from_static(
             b": keep-alive\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
         );
-        let out = strip_usage_events(&Chat, &mut scanner, &mut held, &frame, |_| {});
+        let out = strip_usage_events(&CHAT, &mut scanner, &mut held, &frame, |_| {});
         assert_eq!(out.as_ptr(), frame.as_ptr(), "zero-copy pass-through");
         let usage = Bytes::from_static(
             b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n",
         );
-        let out = strip_usage_events(&Chat, &mut scanner, &mut held, &usage, |_| {});
+        let out = strip_usage_events(&CHAT, &mut scanner, &mut held, &usage, |_| {});
         assert_eq!(&out[..], b"data: [DONE]\n\n");
     }
 }
