@@ -27,6 +27,8 @@ def rows(sess, sql):
 
 
 failures = []
+# The largest relative difference seen per table (capacity, users, per-second) and figure.
+worst = {}
 
 
 def close(what, got, want, tol=TOLERANCE):
@@ -37,6 +39,12 @@ def close(what, got, want, tol=TOLERANCE):
     if isinstance(want, float) and math.isnan(want):
         return
     scale = max(abs(want), 1e-9)
+    table = what.split(" ")[0]
+    table = "capacity" if table.startswith("N=") else "per-second" if table == "second" else "users"
+    table += ": " + what.split(" ", 2 if table == "per-second" else 1)[-1]
+    rel = abs(got - want) / scale if abs(got - want) > 1e-6 else 0.0
+    if rel >= worst.get(table, (0.0, ""))[0]:
+        worst[table] = (rel, what)
     if abs(got - want) / scale > tol and abs(got - want) > 1e-6:
         failures.append(f"{what}: sql {got} vs analyze {want}")
 
@@ -111,6 +119,8 @@ def main():
             f"clickhouse: {len(cap)} capacity rows, {len(users)} users, {checked} seconds compared; "
             f"{len(failures)} differences"
         )
+        for table, (rel, what) in sorted(worst.items()):
+            print(f"  largest relative difference, {table}: {rel * 100:.4f} % ({what})")
         for f in failures[:40]:
             print("  " + f)
     sys.exit(1 if failures else 0)
