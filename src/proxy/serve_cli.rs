@@ -15,7 +15,7 @@ pub async fn run_cli(args: ServeArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let config = crate::config::load(&args, std::env::vars())?;
-    let upstream = config.upstream.clone();
+    let upstream = config.upstream_label();
     let handle = spawn(config, Vec::new()).await?;
     tracing::info!(upstream = %upstream, "listening on {}", handle.addr());
     if let Some(a) = handle.admin_addr() {
