@@ -51,12 +51,17 @@ pub struct Opts {
     pub out_dir: PathBuf,
     /// Extra environment for the tokenmeter processes (`--tm-env KEY=VALUE`, repeatable).
     pub tm_env: Vec<(String, String)>,
+    /// The request every arm is sent.
+    pub shape: client::Shape,
 }
 
 const HELP: &str =
     "options: --quick | --ttft-rounds 2000,200,30 | --rounds 100,40,12 | --concurrency 1,16,256 | --events 8 | --gap-ms 10
   --cpu-requests 128 | --cpu-reps 7 | --ramp 1000,4000,10000 | --phases latency,cpu,ramp
-  --bin PATH | --nginx PATH|none | --nginx-workers 1|auto | --out DIR | --tm-env KEY=VALUE";
+  --bin PATH | --nginx PATH|none | --nginx-workers 1|auto | --out DIR | --tm-env KEY=VALUE
+  --shape completions|chat-bearer | --ttft-rounds 0 (TTFT from the event rounds)
+  --issue19: issue 19's latency method (1 stream, 200 rounds of 16 events 2 ms apart, chat-bearer,
+             TTFT from the same requests; latency phase only)";
 
 fn list<T: std::str::FromStr>(s: &str) -> anyhow::Result<Vec<T>> {
     s.split(',')
@@ -96,6 +101,7 @@ fn parse_opts() -> anyhow::Result<Opts> {
         phases: vec!["latency".into(), "cpu".into(), "ramp".into()],
         out_dir: root.join("benches/results"),
         tm_env: Vec::new(),
+        shape: client::Shape::Completions,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -112,6 +118,16 @@ fn parse_opts() -> anyhow::Result<Opts> {
                 o.cpu_reps = 2;
                 o.ramp = vec![1000, 10000];
             }
+            "--issue19" => {
+                o.concurrency = vec![1];
+                o.rounds = vec![200];
+                o.ttft_rounds = vec![0];
+                o.events = 16;
+                o.gap_ms = 2.0;
+                o.shape = client::Shape::ChatBearer;
+                o.phases = vec!["latency".into()];
+            }
+            "--shape" => o.shape = client::Shape::parse(&val()?)?,
             "--rounds" => o.rounds = list(&val()?)?,
             "--ttft-rounds" => o.ttft_rounds = list(&val()?)?,
             "--concurrency" => o.concurrency = list(&val()?)?,
@@ -170,8 +186,21 @@ fn raise_nofile() -> u64 {
     hard.unwrap_or(u64::MAX)
 }
 
+/// The commit the measured binary was built from (best effort: the tree's HEAD).
+fn git_head() -> Option<String> {
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
 fn main() -> anyhow::Result<()> {
     let o = parse_opts()?;
+    client::set_shape(o.shape);
     stats::self_check();
     client::self_check();
     let mut o = o;
@@ -234,6 +263,7 @@ fn main() -> anyhow::Result<()> {
         "loadavg_before": load_before, "loadavg_after": report::loadavg(), "seconds": started.elapsed().as_secs_f64(),
         "nginx_workers": o.nginx.as_ref().map(|_| o.nginx_workers.clone()), "events_per_request": o.events,
         "gap_ms": o.gap_ms, "nofile_limit": nofile, "ramp_steps": o.ramp, "concurrency": o.concurrency, "rounds": o.rounds, "ttft_rounds": o.ttft_rounds, "tm_env": o.tm_env,
+        "shape": o.shape.name(), "git_head": git_head(),
     });
     res.insert("meta".into(), meta);
     let all = serde_json::Value::Object(res);

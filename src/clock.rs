@@ -1,7 +1,8 @@
 //! One timeline for every measurement: Unix-epoch nanoseconds that advance with the monotonic
 //! clock, so seconds line up with wall-clock seconds (and with vLLM's log) yet never jump back.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Nanoseconds since the Unix epoch on the process's monotonic timeline.
@@ -56,6 +57,83 @@ impl Clock {
 impl Default for Clock {
     fn default() -> Self {
         Clock::new()
+    }
+}
+
+/// Where timing code reads "now": the real monotonic clock (the default, and the only one in the
+/// binary), or a manual clock that a test advances by hand so measured durations are exact.
+///
+/// Measurements read it (request start, first byte, tokens, end); timeouts do not: they stay on
+/// the runtime's timers, so a manual clock never stops the proxy from cutting a stalled upstream.
+#[derive(Debug, Clone, Default)]
+pub struct TimeSource(Option<Arc<ManualClock>>);
+
+impl TimeSource {
+    /// The real monotonic clock.
+    pub fn real() -> Self {
+        TimeSource(None)
+    }
+
+    /// A manual clock standing at the real `Instant::now()`, moved only by
+    /// [`advance`](Self::advance).
+    pub fn manual() -> Self {
+        TimeSource(Some(Arc::new(ManualClock {
+            base: Instant::now(),
+            offset_ns: AtomicU64::new(0),
+        })))
+    }
+
+    /// The current instant on this source.
+    #[inline]
+    pub fn now(&self) -> Instant {
+        match &self.0 {
+            None => Instant::now(),
+            Some(m) => m.now(),
+        }
+    }
+
+    /// The instant to record for an event the caller already timed at `real` (read for its own
+    /// timers): `real` itself on the real clock, so the hot path reads the clock only once.
+    #[inline]
+    pub fn observe(&self, real: Instant) -> Instant {
+        match &self.0 {
+            None => real,
+            Some(m) => m.now(),
+        }
+    }
+
+    /// The current time on the shared Unix-nanosecond timeline ([`Clock::global`]).
+    pub fn unix_now(&self) -> UnixNanos {
+        Clock::global().at(self.now())
+    }
+
+    /// Moves a manual clock forward by `by`; does nothing on the real clock.
+    pub fn advance(&self, by: Duration) {
+        if let Some(m) = &self.0 {
+            m.offset_ns.fetch_add(
+                u64::try_from(by.as_nanos()).unwrap_or(u64::MAX),
+                Ordering::AcqRel,
+            );
+        }
+    }
+
+    /// True for a manual clock.
+    pub fn is_manual(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+/// A clock that stands still until advanced: a fixed base plus an atomic offset (no lock, so
+/// serving threads may read it while a test moves it).
+#[derive(Debug)]
+pub struct ManualClock {
+    base: Instant,
+    offset_ns: AtomicU64,
+}
+
+impl ManualClock {
+    fn now(&self) -> Instant {
+        self.base + Duration::from_nanos(self.offset_ns.load(Ordering::Acquire))
     }
 }
 
@@ -118,6 +196,32 @@ mod tests {
         assert_eq!(s, "2026-11-29T18:27:33.123456Z");
         assert_eq!(parse_rfc3339(&s), Some(ns));
         assert_eq!(parse_rfc3339("2026-11-29T19:27:33.123456+01:00"), Some(ns));
+    }
+
+    #[test]
+    fn a_manual_source_moves_only_when_advanced() {
+        let t = TimeSource::manual();
+        let a = t.now();
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(t.now(), a, "still");
+        assert_eq!(
+            t.observe(Instant::now()),
+            a,
+            "observe ignores the real reading"
+        );
+        t.advance(Duration::from_millis(7));
+        assert_eq!(t.now() - a, Duration::from_millis(7));
+        assert_eq!(
+            t.clone().unix_now() - Clock::global().at(a),
+            7_000_000,
+            "clones share it"
+        );
+        let r = TimeSource::real();
+        let before = Instant::now();
+        r.advance(Duration::from_secs(60));
+        assert!(r.now() >= before && r.now() - before < Duration::from_secs(60));
+        let real = Instant::now();
+        assert_eq!(r.observe(real), real);
     }
 
     #[test]

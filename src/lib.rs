@@ -14,6 +14,7 @@ pub mod exposition;
 pub mod fold;
 pub mod health;
 pub mod itl;
+pub mod join;
 pub mod load;
 pub mod meter;
 pub mod observe;

@@ -71,9 +71,11 @@ fn check_sweep(report: &LoadReport, cfg: &FakeConfig, levels: &[usize], fake: &l
                 within(got, truth, 0.10),
                 "level {level}: {got:.1} vs server-side {truth:.1} tok/s"
             );
-            // Against the configured schedule: looser, the machine may make the fake late.
+            // Against the configured schedule: a loaded machine can only make the fake late
+            // (its timers never fire early), so the client may never report faster than the
+            // schedule; how much slower is the server-side truth's business, checked above.
             assert!(
-                within(got, want, 0.15),
+                got <= want * 1.02,
                 "level {level}: {got:.1} vs scheduled {want:.1} tok/s (server wall {server_wall:.1} ms)"
             );
             assert_eq!(r.completion_tokens, Some(u64::from(TOKENS)));
@@ -97,7 +99,11 @@ fn check_sweep(report: &LoadReport, cfg: &FakeConfig, levels: &[usize], fake: &l
             "level {level}: avg {:.1} vs server-side {truth_avg:.1} tok/s",
             pr.avg
         );
-        assert!(within(pr.avg, want, 0.15));
+        assert!(
+            pr.avg <= want * 1.02,
+            "level {level}: avg {} faster than the schedule",
+            pr.avg
+        );
         let excess_avg = ttft_excess.iter().sum::<f64>() / ttft_excess.len() as f64;
         let e2e_avg = l.figures.e2e_ms.unwrap().avg;
         assert!(
@@ -109,10 +115,11 @@ fn check_sweep(report: &LoadReport, cfg: &FakeConfig, levels: &[usize], fake: &l
         assert_eq!(l.figures.completion_tokens, tokens);
         let agg = l.aggregate_tok_s.expect("aggregate");
         assert!((agg - tokens as f64 / l.wall_s).abs() < 1e-9);
-        // … and, all requests running together, close to level × the per-request rate.
+        // … and, all requests running together, close to level × the per-request rate the
+        // server itself delivered (not the schedule: a loaded machine makes the fake late).
         assert!(
-            within(agg, want * level as f64, 0.15),
-            "level {level}: aggregate {agg:.1}"
+            within(agg, truth_avg * level as f64, 0.15) && agg <= want * level as f64 * 1.02,
+            "level {level}: aggregate {agg:.1}, server-side {truth_avg:.1} tok/s per request"
         );
     }
     let first = burst.levels[0].aggregate_tok_s.unwrap();
@@ -197,7 +204,7 @@ async fn non_streaming_rates_come_from_usage_and_ttft_is_unknown() {
             let got = r.tok_s.unwrap();
             assert!(within(got, truth, 0.05), "{got} vs server-side {truth}");
             assert!(got <= truth, "the client cannot be faster than the server");
-            assert!(within(got, want, 0.15), "{got} vs scheduled {want}");
+            assert!(got <= want * 1.02, "{got} faster than scheduled {want}");
         }
         assert!(l.figures.ttft_ms.is_none());
     }

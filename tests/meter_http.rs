@@ -48,6 +48,7 @@ async fn serve(
         health: Default::default(),
         access_log,
         started: Clock::global().now() - 60 * NANOS_PER_SEC,
+        time: Default::default(),
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

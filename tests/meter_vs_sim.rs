@@ -150,10 +150,16 @@ async fn a_steady_window_matches_the_simulator_within_one_percent() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let tasks = hold_streams(&rig, 16, 2000, deadline);
     wait_for_streams(&rig, 16).await;
-    // Eleven more seconds: the last complete 10 s window has 16 in flight throughout.
+    // Eleven more seconds: the last complete 10 s window has 16 in flight throughout. The
+    // engine's slip is read at both ends of that window (just after its first and its last
+    // second boundary), so a late engine on a loaded machine is allowed for exactly.
     wait_into_next_second(0).await;
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    wait_into_next_second(150).await;
+    wait_into_next_second(0).await;
+    let slip_before = rig.sim.step_lag().slip_ns;
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    wait_into_next_second(0).await;
+    let slip_s = (rig.sim.step_lag().slip_ns - slip_before) as f64 / 1e9;
+    tokio::time::sleep(Duration::from_millis(150)).await;
     let (proxy_rate, steady, truth, min) = window_pair(&rig).await;
     for t in tasks {
         t.abort();
@@ -165,10 +171,16 @@ async fn a_steady_window_matches_the_simulator_within_one_percent() {
         err * 100.0
     );
     assert!(err < 0.01, "proxy {proxy_rate} vs simulator {truth}");
-    // The configured engine: 16 × 1000 / (12.2 + 2.1 × 16) = 349 tok/s.
+    // The configured engine: 16 × 1000 / (12.2 + 2.1 × 16) = 349 tok/s, less the share of the
+    // window the engine itself reported as slip (it never runs faster than the formula).
+    let want = 349.3 * (1.0 - (slip_s / 10.0).min(1.0));
+    eprintln!(
+        "formula less slip ({:.1} ms): {want:.1} tok/s",
+        slip_s * 1e3
+    );
     assert!(
-        (truth - 349.3).abs() / 349.3 < 0.05,
-        "simulator ran at {truth}"
+        truth < 349.3 * 1.05 && truth > want * 0.95,
+        "simulator ran at {truth}, formula less its reported slip {want}"
     );
     rig.proxy.stop().await;
 }

@@ -15,7 +15,11 @@ const CHAT: &str = "/v1/chat/completions";
 const STREAM_REQ: &str = r#"{"model":"tiny-llama","messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":true}}"#;
 
 /// Closes the client side (FIN, or RST with `rst`) and asserts the proxy closes its upstream
-/// connection within 50 ms, so vLLM aborts the request.
+/// connection, so vLLM aborts the request. The callers' upstreams have nothing to send for the
+/// next 30 s, so the proxy cannot learn of the client leaving from a failed write: it must watch
+/// the client connection itself. The bound is that structure, not a wall-clock window (usually
+/// well under a millisecond; printed), so a loaded machine cannot fail it and a proxy that
+/// waits for the next write always does.
 async fn leave_and_expect_upstream_closed(c: TcpStream, rst: bool, up: &mut FakeUpstream) {
     let left = Instant::now();
     if rst {
@@ -23,16 +27,16 @@ async fn leave_and_expect_upstream_closed(c: TcpStream, rst: bool, up: &mut Fake
     } else {
         drop(c);
     }
-    let closed = tokio::time::timeout(Duration::from_secs(2), up.closed.recv())
+    let closed = tokio::time::timeout(UPSTREAM_SILENT / 3, up.closed.recv())
         .await
-        .expect("upstream closed")
+        .unwrap_or_else(|_| panic!("rst={rst}: upstream still open while it had nothing to send"))
         .unwrap();
     let delay = closed.saturating_duration_since(left);
-    assert!(
-        delay < Duration::from_millis(50),
-        "rst={rst}: upstream closed {delay:?} after the client left"
-    );
+    eprintln!("rst={rst}: upstream closed {delay:?} after the client left");
 }
+
+/// How long the upstreams of the abort tests stay silent.
+const UPSTREAM_SILENT: Duration = Duration::from_secs(30);
 
 fn slow_stream(first_gap: Duration, gap: Duration, events: usize) -> Script {
     let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n";
@@ -65,10 +69,10 @@ async fn client_abort_before_first_byte_closes_upstream_promptly() {
 }
 
 async fn abort_before_first_byte(rst: bool) {
-    // Upstream sends headers only after 5 s (a long prefill or queue): the client leaves at once.
+    // Upstream sends headers only after 30 s (a long prefill or queue): the client leaves at once.
     let script = Script {
         steps: vec![
-            Step::Stall(Duration::from_secs(5)),
+            Step::Stall(UPSTREAM_SILENT),
             Step::Raw(
                 Duration::ZERO,
                 b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec(),
@@ -94,12 +98,11 @@ async fn client_abort_mid_stream_closes_upstream_and_keeps_tokens_seen() {
 }
 
 async fn abort_mid_stream(rst: bool) {
-    let mut up = FakeUpstream::start(vec![slow_stream(
-        Duration::from_millis(10),
-        Duration::from_millis(30),
-        200,
-    )])
-    .await;
+    // Three content events, then 30 s of silence (a slow step) before the rest.
+    let mut script = slow_stream(Duration::from_millis(10), Duration::from_millis(10), 3);
+    let end = script.steps.len() - 2;
+    script.steps.insert(end, Step::Stall(UPSTREAM_SILENT));
+    let mut up = FakeUpstream::start(vec![script]).await;
     let proxy = TestProxy::start(&up.url(), |_| {}).await;
     let mut c = TcpStream::connect(proxy.addr).await.unwrap();
     c.write_all(&post(CHAT, STREAM_REQ, &[])).await.unwrap();
@@ -122,8 +125,10 @@ async fn abort_mid_stream(rst: bool) {
     assert_schema("record.schema.json", l);
     assert_eq!(l["outcome"], "client_aborted");
     assert_eq!(l["status"], 200);
-    let seen = l["completion_tokens"].as_u64().unwrap();
-    assert!((3..=6).contains(&seen), "tokens seen {seen}");
+    assert_eq!(
+        l["completion_tokens"], 3,
+        "the tokens that passed before the client left"
+    );
     assert_eq!(l["tokens_source"], "counted");
     assert!(l["ttft_ms"].as_f64().is_some());
 }

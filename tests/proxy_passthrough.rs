@@ -5,9 +5,13 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use tokenmeter::clock::TimeSource;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -262,4 +266,74 @@ fn the_record_schema_rejects_incomplete_or_unknown_fields() {
     assert!(v.is_valid(&full), "the sample line is valid");
     full["surprise"] = serde_json::json!(1);
     assert!(!v.is_valid(&full));
+}
+
+/// Reads from `c` until the bytes received so far contain `marker`.
+async fn read_until(c: &mut TcpStream, got: &mut Vec<u8>, marker: &str) {
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(got).contains(marker) {
+        let k = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf))
+            .await
+            .expect("proxy answered")
+            .unwrap();
+        assert!(k > 0, "closed before {marker:?}");
+        got.extend_from_slice(&buf[..k]);
+    }
+}
+
+#[tokio::test]
+async fn timings_are_exact_on_a_manual_clock() {
+    // The test holds the proxy's clock: it advances it, then opens the upstream's gate for the
+    // next event, and reads that event through the proxy before moving the clock again. Every
+    // event is therefore read by the proxy at a known instant, whatever the machine's load.
+    let time = TimeSource::manual();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n";
+    let ev = |s: &str| Step::Chunk(Duration::ZERO, format!("data: {s}\n\n").into_bytes());
+    let token = |i: usize| format!(r#"{{"choices":[{{"index":0,"delta":{{"content":"t{i}"}}}}]}}"#);
+    let mut steps = vec![Step::Raw(Duration::ZERO, head.as_bytes().to_vec())];
+    for i in 0..4 {
+        steps.push(Step::Gate(gate.clone()));
+        steps.push(ev(&token(i)));
+    }
+    steps.push(Step::Gate(gate.clone()));
+    steps.push(ev(
+        r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#,
+    ));
+    steps.push(ev("[DONE]"));
+    steps.push(Step::Raw(Duration::ZERO, b"0\r\n\r\n".to_vec()));
+    let mut up = FakeUpstream::start(vec![Script { steps }]).await;
+    let proxy = TestProxy::start_with_time(&up.url(), time.clone(), |_| {}).await;
+    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+    let req = r#"{"model":"tiny-llama","messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":true}}"#;
+    c.write_all(&post(CHAT, req, &[])).await.unwrap();
+    up.seen.recv().await.unwrap();
+    let mut got = Vec::new();
+    read_until(&mut c, &mut got, "\r\n\r\n").await;
+    // First token 40 ms after the request, then gaps of 10, 30 and 20 ms; the end 5 ms later.
+    for (i, ms) in [40u64, 10, 30, 20].into_iter().enumerate() {
+        time.advance(Duration::from_millis(ms));
+        gate.add_permits(1);
+        read_until(&mut c, &mut got, &format!("\"t{i}\"")).await;
+    }
+    time.advance(Duration::from_millis(5));
+    gate.add_permits(1);
+    read_until(&mut c, &mut got, "[DONE]").await;
+    let lines = proxy.finish().await;
+    let l = &lines[0];
+    eprintln!("{l}");
+    assert_eq!(l["outcome"], "ok", "{l}");
+    assert_eq!(l["completion_tokens"], 4);
+    assert_eq!(
+        l["first_byte_ms"].as_f64(),
+        Some(40.0),
+        "first body byte: {l}"
+    );
+    assert_eq!(l["ttft_ms"].as_f64(), Some(40.0), "{l}");
+    assert_eq!(l["e2e_ms"].as_f64(), Some(105.0), "{l}");
+    // TPOT = (e2e − TTFT) / (tokens − 1) = 65 / 3; the gaps 10, 30 and 20 ms.
+    let tpot = l["tpot_ms"].as_f64().unwrap();
+    assert!((tpot - 65.0 / 3.0).abs() < 1e-3, "{l}");
+    assert_eq!(l["itl_max_ms"].as_f64(), Some(30.0), "{l}");
+    assert_eq!(l["itl_mean_ms"].as_f64(), Some(20.0), "{l}");
 }

@@ -70,8 +70,11 @@ async fn steady_window_agrees_with_the_server_within_one_percent() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let tasks = hold_streams(p.addr, 16, "through", deadline, started.clone());
     wait_for(&started, 16).await;
+    let slip_before = sim.step_lag().slip_ns;
     sleep_seconds(WINDOW_S, 150).await;
     let w = window(&p).await;
+    // Slip over the whole sleep: an upper bound of the slip inside the window.
+    let slip_s = (sim.step_lag().slip_ns - slip_before) as f64 / 1e9;
     for t in tasks {
         t.abort();
     }
@@ -83,9 +86,12 @@ async fn steady_window_agrees_with_the_server_within_one_percent() {
     assert!(pct.abs() < 1.0, "disagreement {pct}%");
     assert_eq!(s["disagreement"], false);
     let server = s["gen_tok_s"].as_f64().unwrap();
+    // 16 × 1000 / (12.2 + 2.1 × 16) = 349.3 tok/s, less what the engine reported as slip: a
+    // loaded machine wakes it late, and it says so rather than compressing its steps.
+    let want = 349.3 * (1.0 - (slip_s / WINDOW_S as f64).min(1.0));
     assert!(
-        (server - 349.3).abs() / 349.3 < 0.05,
-        "server {server} tok/s"
+        server < 349.3 * 1.05 && server > want * 0.95,
+        "server {server} tok/s, formula less the engine's slip ({slip_s} s) {want}"
     );
     assert_eq!(s["running"]["min"], 16.0);
     assert_eq!(s["running"]["max"], 16.0);

@@ -133,3 +133,33 @@ async fn samples_share_the_request_queue_and_its_drop_count() {
     }
     assert_eq!(lines[1]["generation_tokens_total"], 1.0);
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn lines_queued_while_the_writer_rests_are_written_at_close() {
+    let dir = TempDir::new("xcheck-log-rest");
+    let path = dir.0.join("access.jsonl");
+    let counters = Arc::new(AccessLogCounters::default());
+    let (sink, writer) = access_log::spawn(&path, 2, counters.clone()).unwrap();
+    sink.server_sample(Arc::new(sample(T0, 0.0, 0)));
+    // The first line written: the writer now rests for its batch interval.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while counters.get().0 < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "first line never written"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    // Queued during the rest: two fit, the third is dropped and counted; close ends the rest
+    // and must write what is queued.
+    for i in 1..4 {
+        sink.server_sample(Arc::new(sample(T0 + i * S, i as f64, 0)));
+    }
+    writer.close().await;
+    let (written, dropped, failed) = counters.get();
+    assert_eq!(failed, 0);
+    assert_eq!(written + dropped, 4, "every line written or counted");
+    assert!(written >= 3, "the queue held two lines: {written} written");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.lines().count() as u64, written);
+}

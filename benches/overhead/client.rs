@@ -27,15 +27,69 @@ pub fn mono_ns() -> u64 {
     tokenmeter::clock::monotonic_ns()
 }
 
+/// What every request of a run looks like (`--shape`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// `POST /v1/completions` with `include_usage` already set: every arm carries exactly the
+    /// same bytes (no injection edit).
+    Completions,
+    /// `POST /v1/chat/completions` with `Authorization: Bearer` and no `stream_options`: tokenmeter
+    /// injects `include_usage` upstream and strips the usage event again, as in production.
+    ChatBearer,
+}
+
+impl Shape {
+    /// Parses `completions` or `chat-bearer`.
+    pub fn parse(s: &str) -> anyhow::Result<Shape> {
+        match s {
+            "completions" => Ok(Shape::Completions),
+            "chat-bearer" => Ok(Shape::ChatBearer),
+            _ => anyhow::bail!("--shape is completions or chat-bearer, not {s:?}"),
+        }
+    }
+
+    /// The name used in the JSON and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Completions => "completions",
+            Shape::ChatBearer => "chat-bearer",
+        }
+    }
+}
+
+static SHAPE: std::sync::OnceLock<Shape> = std::sync::OnceLock::new();
+
+/// Sets the request shape for the whole run (once, before any request).
+pub fn set_shape(s: Shape) {
+    let _ = SHAPE.set(s);
+}
+
+fn shape() -> Shape {
+    *SHAPE.get().unwrap_or(&Shape::Completions)
+}
+
 fn request(addr: SocketAddr, max_tokens: u64) -> hyper::Request<Full<Bytes>> {
-    // include_usage on every arm: every arm then carries exactly the same bytes (no injection edit).
-    let body = format!(
-        "{{\"model\":\"sim-model\",\"prompt\":\"hello\",\"max_tokens\":{max_tokens},\"stream\":true,\"stream_options\":{{\"include_usage\":true}}}}"
-    );
-    hyper::Request::post(format!("http://{addr}/v1/completions"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .expect("static request parts are valid")
+    match shape() {
+        Shape::Completions => {
+            let body = format!(
+                "{{\"model\":\"sim-model\",\"prompt\":\"hello\",\"max_tokens\":{max_tokens},\"stream\":true,\"stream_options\":{{\"include_usage\":true}}}}"
+            );
+            hyper::Request::post(format!("http://{addr}/v1/completions"))
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .expect("static request parts are valid")
+        }
+        Shape::ChatBearer => {
+            let body = format!(
+                "{{\"model\":\"sim-model\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"max_tokens\":{max_tokens},\"stream\":true}}"
+            );
+            hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .header("authorization", "Bearer sk-overhead-bench-0123456789")
+                .body(Full::new(Bytes::from(body)))
+                .expect("static request parts are valid")
+        }
+    }
 }
 
 /// What one streamed request saw.

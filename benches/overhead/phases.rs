@@ -113,8 +113,21 @@ pub async fn latency(env: &Env, o: &Opts, rng: &mut impl rand::Rng) -> Value {
             let addr = addr_of(env, a).unwrap_or(env.sim);
             batch(&clients[i], addr, conc, 2).await; // warm the pool
         }
-        let tt = rounds(env, &arms, &clients, conc, o.ttft_rounds[k], 1, rng).await;
-        let ev = rounds(env, &arms, &clients, conc, o.rounds[k], o.events, rng).await;
+        // `--ttft-rounds 0`: TTFT is read off the event rounds' own first events (issue 19's
+        // method: one set of requests gives both numbers).
+        let (tt, ev) = if o.ttft_rounds[k] == 0 {
+            let ev = rounds(env, &arms, &clients, conc, o.rounds[k], o.events, rng).await;
+            let tt = Rounds {
+                ttft: ev.ttft.clone(),
+                delays: Vec::new(),
+                errors: vec![0; arms.len()],
+            };
+            (tt, ev)
+        } else {
+            let tt = rounds(env, &arms, &clients, conc, o.ttft_rounds[k], 1, rng).await;
+            let ev = rounds(env, &arms, &clients, conc, o.rounds[k], o.events, rng).await;
+            (tt, ev)
+        };
         let d50 = median(&ev.delays[0]);
         let d99 = pct(&ev.delays[0], 99.0);
         let sub = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
@@ -143,11 +156,13 @@ pub async fn latency(env: &Env, o: &Opts, rng: &mut impl rand::Rng) -> Value {
             );
         }
         eprintln!(
-            "latency c={conc}: {} TTFT rounds + {} event rounds in {:.1} s",
+            "latency c={conc}: {} TTFT rounds + {} event rounds in {:.1} s, load {}",
             o.ttft_rounds[k],
             o.rounds[k],
-            t.elapsed().as_secs_f64()
+            t.elapsed().as_secs_f64(),
+            crate::report::loadavg()
         );
+        per_arm.insert("loadavg".into(), json!(crate::report::loadavg()));
         out.insert(conc.to_string(), Value::Object(per_arm));
     }
     Value::Object(out)
@@ -217,6 +232,7 @@ pub async fn cpu(env: &Env, o: &Opts, rng: &mut impl rand::Rng) -> Value {
         }
     }
     let mut out = serde_json::Map::new();
+    out.insert("loadavg".into(), json!(crate::report::loadavg()));
     for (i, a) in arms.drain(..).enumerate() {
         out.insert(
             a.to_string(),
@@ -271,6 +287,7 @@ pub async fn ramp(env: &Env, o: &Opts) -> Value {
             tokio::time::sleep(Duration::from_millis(300)).await;
             let held = opened.load(Ordering::SeqCst);
             let rss = rss_kib(&pids);
+            let load = crate::report::loadavg();
             let _ = tx.send(true);
             let mut ok = 0;
             for t in tasks {
@@ -279,8 +296,8 @@ pub async fn ramp(env: &Env, o: &Opts) -> Value {
             drop(c);
             let errors = n - ok;
             let per_stream = (rss as f64 - idle as f64) / n as f64;
-            eprintln!("ramp {arm} n={n}: held {held}, errors {errors}, rss {rss} KiB ({per_stream:.1} KiB/stream), {:.1} s", t.elapsed().as_secs_f64());
-            steps.push(json!({"streams": n, "held_at_once": held, "errors": errors, "rss_kib": rss, "rss_kib_per_stream": per_stream}));
+            eprintln!("ramp {arm} n={n}: held {held}, errors {errors}, rss {rss} KiB ({per_stream:.1} KiB/stream), {:.1} s, load {load}", t.elapsed().as_secs_f64());
+            steps.push(json!({"loadavg": load, "streams": n, "held_at_once": held, "errors": errors, "rss_kib": rss, "rss_kib_per_stream": per_stream}));
             tokio::time::sleep(Duration::from_secs(2)).await;
             if errors > 0 || held < n {
                 break;

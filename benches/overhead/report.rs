@@ -46,6 +46,16 @@ fn cell(v: Option<f64>) -> String {
 
 /// Prints the tables and target verdicts to stdout.
 pub fn print(all: &Value, o: &Opts) {
+    let m = &all["meta"];
+    println!(
+        "\n{} UTC, commit {}, shape {}, load average before {} / after {}, open-files hard limit {}",
+        m["date_utc"].as_str().unwrap_or("?"),
+        m["git_head"].as_str().unwrap_or("?"),
+        m["shape"].as_str().unwrap_or("?"),
+        m["loadavg_before"].as_str().unwrap_or("?"),
+        m["loadavg_after"].as_str().unwrap_or("?"),
+        m["nofile_limit"]
+    );
     println!("\n## Added latency vs direct (µs; TTFT: 1-event requests rank-paired per round; event delay: stamp-delay quantile differences)\n");
     println!("| conc | arm | TTFT p50 raw | +TTFT p50 | +TTFT p90 | +TTFT p99 | +event p50 | +event p99 | errors |");
     println!("|---|---|---|---|---|---|---|---|---|");

@@ -2,17 +2,42 @@
 //! `data: [DONE]`, read by the skimmer in [`crate::openai`] (the fast path for vLLM's events).
 
 use super::{Api, Dialect, EventSummary, StreamUsage};
+use crate::fold::{Unfoldable, Upgrade};
+
+/// An OpenAI-style API. Chat completions and text completions read the same events and bodies
+/// (through [`openai_event`]); they differ only in their path, their [`Api`] and their fold.
+pub struct OpenAiStyle {
+    api: Api,
+    path_suffix: &'static str,
+    upgrade: fn(&[u8]) -> Result<Option<Upgrade>, Unfoldable>,
+}
+
+impl OpenAiStyle {
+    /// The reader of `api`, for paths ending in `path_suffix`, folding with `upgrade`.
+    pub(super) const fn new(
+        api: Api,
+        path_suffix: &'static str,
+        upgrade: fn(&[u8]) -> Result<Option<Upgrade>, Unfoldable>,
+    ) -> Self {
+        OpenAiStyle {
+            api,
+            path_suffix,
+            upgrade,
+        }
+    }
+}
 
 /// The chat completions reader.
-pub struct Chat;
+pub const CHAT: OpenAiStyle =
+    OpenAiStyle::new(Api::Chat, "/chat/completions", crate::fold::chat::upgrade);
 
-impl Dialect for Chat {
+impl Dialect for OpenAiStyle {
     fn api(&self) -> Api {
-        Api::Chat
+        self.api
     }
 
     fn matches(&self, path: &str) -> bool {
-        path.ends_with("/chat/completions")
+        path.ends_with(self.path_suffix)
     }
 
     fn stream_usage(&self) -> StreamUsage {
@@ -28,11 +53,8 @@ impl Dialect for Chat {
         openai_body(body)
     }
 
-    fn upgrade(
-        &self,
-        body: &[u8],
-    ) -> Result<Option<crate::fold::Upgrade>, crate::fold::Unfoldable> {
-        crate::fold::chat::upgrade(body)
+    fn upgrade(&self, body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
+        (self.upgrade)(body)
     }
 }
 
@@ -80,11 +102,11 @@ mod tests {
 
     #[test]
     fn role_event_is_not_output_but_has_choices() {
-        let s = Chat
+        let s = CHAT
             .event(br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#)
             .unwrap();
         assert_eq!((s.output, s.choices, s.end), (0, 1, false));
-        let tool = Chat
+        let tool = CHAT
             .event(br#"{"choices":[{"index":0,"delta":{"content":null,"tool_calls":[{"index":0,"function":{"name":"read_file"}}]},"finish_reason":null}]}"#)
             .unwrap();
         assert_eq!(tool.output, 1);
@@ -92,8 +114,8 @@ mod tests {
 
     #[test]
     fn done_ends_and_usage_event_is_usage_only() {
-        assert!(Chat.event(b"[DONE]").unwrap().end);
-        let u = Chat
+        assert!(CHAT.event(b"[DONE]").unwrap().end);
+        let u = CHAT
             .event(br#"{"choices":[],"usage":{"prompt_tokens":11,"completion_tokens":40,"prompt_tokens_details":{"cached_tokens":8}}}"#)
             .unwrap();
         assert!(u.usage_only && !u.end);

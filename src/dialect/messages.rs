@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{Api, Dialect, EventSummary, StreamUsage, TokenUsage};
+use super::{carries, Api, Dialect, EventSummary, StreamUsage, TokenUsage};
 
 /// The Messages reader.
 pub struct Messages;
@@ -73,11 +73,6 @@ impl From<Usage> for TokenUsage {
             reasoning: None,
         }
     }
-}
-
-/// A non-empty string: generated text, thinking or tool input.
-fn carries(v: Option<&RawValue>) -> bool {
-    v.is_some_and(|v| v.get() != "\"\"" && v.get() != "null")
 }
 
 impl Dialect for Messages {

@@ -54,8 +54,8 @@ impl Api {
     /// This API's reader.
     pub fn dialect(self) -> &'static dyn Dialect {
         match self {
-            Api::Chat => &chat::Chat,
-            Api::Completions => &completions::Completions,
+            Api::Chat => &chat::CHAT,
+            Api::Completions => &completions::COMPLETIONS,
             Api::Responses => &responses::Responses,
             Api::Messages => &messages::Messages,
         }
@@ -64,8 +64,8 @@ impl Api {
 
 /// Every dialect, tried in order by [`detect`].
 pub const DIALECTS: [&dyn Dialect; 4] = [
-    &chat::Chat,
-    &completions::Completions,
+    &chat::CHAT,
+    &completions::COMPLETIONS,
     &responses::Responses,
     &messages::Messages,
 ];
@@ -147,6 +147,12 @@ pub trait Dialect: Send + Sync + 'static {
     fn upgrade(&self, _body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
         Err(Unfoldable("this API has no fold"))
     }
+}
+
+/// A field carries output when it is a non-empty string or any other non-null value (text,
+/// thinking, reasoning, refusal, tool input or arguments). The agent dialects count with it.
+pub(super) fn carries(v: Option<&serde_json::value::RawValue>) -> bool {
+    v.is_some_and(|v| v.get() != "\"\"" && v.get() != "null")
 }
 
 /// The generation API `path` belongs to (any `/u/<name>` prefix removed; a query is ignored).

@@ -8,7 +8,7 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{Api, Dialect, EventSummary, StreamUsage, TokenUsage};
+use super::{carries, Api, Dialect, EventSummary, StreamUsage, TokenUsage};
 
 /// The Responses reader.
 pub struct Responses;
@@ -89,12 +89,6 @@ impl<'a> Response<'a> {
     }
 }
 
-/// A delta carries output when it is a non-empty string (text, reasoning, refusal, tool-call
-/// arguments: every `response.*.delta` event has its payload in `delta`).
-fn carries(delta: Option<&RawValue>) -> bool {
-    delta.is_some_and(|d| d.get() != "\"\"" && d.get() != "null")
-}
-
 impl Dialect for Responses {
     fn api(&self) -> Api {
         Api::Responses
@@ -128,6 +122,8 @@ impl Dialect for Responses {
             }
             // `response.created`, `in_progress`, `output_item.added`, `content_part.added`, the
             // `.done` events: bookkeeping, no new output.
+            // Every `response.*.delta` event (text, reasoning, refusal, tool-call arguments) has
+            // its payload in `delta`.
             kind if kind.ends_with(".delta") => s.output = carries(ev.delta) as u32,
             _ => {}
         }

@@ -167,6 +167,45 @@ struct ChoiceState {
     stop_reason: Option<String>,
 }
 
+/// Where a chunk stream stands: ended by `[DONE]`, or by an error event (kept: vLLM's error is the
+/// answer). Shared by the chat and completions folds, whose streams end the same way.
+#[derive(Default)]
+pub(crate) struct StreamEnd {
+    done: bool,
+    error: Option<Folded>,
+}
+
+impl StreamEnd {
+    /// Takes `[DONE]` and error events (true: the event is consumed); refuses any event after
+    /// the end; false for a chunk the fold reads itself.
+    pub(crate) fn take_control(&mut self, data: &[u8]) -> Result<bool, Unfoldable> {
+        if data == b"[DONE]" {
+            self.done = true;
+            return Ok(true);
+        }
+        if self.done || self.error.is_some() {
+            return Err(Unfoldable("event after the end of the stream"));
+        }
+        if data.starts_with(b"{\"error\"") {
+            self.error = Some(openai_error(data).ok_or(Unfoldable("error event not readable"))?);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// At the end of the stream: the error event as the answer, if there was one; refused if
+    /// `[DONE]` never came; `None` when the fold is to build its answer.
+    pub(crate) fn ended(&mut self) -> Result<Option<Folded>, Unfoldable> {
+        if let Some(e) = self.error.take() {
+            return Ok(Some(e));
+        }
+        if !self.done {
+            return Err(Unfoldable("stream ended without [DONE]"));
+        }
+        Ok(None)
+    }
+}
+
 /// The ids, times and totals a non-streamed answer takes from the stream.
 #[derive(Default)]
 pub(crate) struct Header {
@@ -179,6 +218,18 @@ pub(crate) struct Header {
 }
 
 impl Header {
+    /// Keeps the stream's usage object (when set), in its non-streamed layout.
+    pub(crate) fn note_usage(&mut self, usage: Option<&RawValue>) -> Result<(), Unfoldable> {
+        if let Some(u) = usage.filter(|u| u.get() != "null") {
+            let usage: StreamUsage<'_> =
+                serde_json::from_str(u.get()).map_err(|_| Unfoldable("unknown usage shape"))?;
+            let mut out = Vec::new();
+            usage.write(&mut out);
+            self.usage = Some(out);
+        }
+        Ok(())
+    }
+
     /// Takes the first id, `created` and `model`, the last fingerprint and metrics.
     pub(crate) fn note(
         &mut self,
@@ -255,8 +306,7 @@ pub struct ChatFold {
     header: Header,
     choices: Vec<ChoiceState>,
     held: usize,
-    error: Option<Folded>,
-    done: bool,
+    end: StreamEnd,
 }
 
 impl ChatFold {
@@ -268,8 +318,7 @@ impl ChatFold {
             header: Header::default(),
             choices: Vec::new(),
             held: 0,
-            error: None,
-            done: false,
+            end: StreamEnd::default(),
         }
     }
 
@@ -287,15 +336,7 @@ impl ChatFold {
 
 impl Fold for ChatFold {
     fn feed(&mut self, data: &[u8]) -> Result<(), Unfoldable> {
-        if data == b"[DONE]" {
-            self.done = true;
-            return Ok(());
-        }
-        if self.done || self.error.is_some() {
-            return Err(Unfoldable("event after the end of the stream"));
-        }
-        if data.starts_with(b"{\"error\"") {
-            self.error = Some(openai_error(data).ok_or(Unfoldable("error event not readable"))?);
+        if self.end.take_control(data)? {
             return Ok(());
         }
         let chunk: Chunk<'_> =
@@ -316,13 +357,7 @@ impl Fold for ChatFold {
             chunk.system_fingerprint,
             chunk.metrics,
         )?;
-        if let Some(u) = chunk.usage.filter(|u| u.get() != "null") {
-            let usage: StreamUsage<'_> =
-                serde_json::from_str(u.get()).map_err(|_| Unfoldable("unknown usage shape"))?;
-            let mut out = Vec::new();
-            usage.write(&mut out);
-            self.header.usage = Some(out);
-        }
+        self.header.note_usage(chunk.usage)?;
         let logprobs = self.logprobs;
         let mut added = 0;
         for c in &chunk.choices {
@@ -379,11 +414,8 @@ impl Fold for ChatFold {
     }
 
     fn finish(&mut self) -> Result<Folded, Unfoldable> {
-        if let Some(e) = self.error.take() {
+        if let Some(e) = self.end.ended()? {
             return Ok(e);
-        }
-        if !self.done {
-            return Err(Unfoldable("stream ended without [DONE]"));
         }
         if self.choices.len() != self.n as usize || self.choices.iter().any(|c| !c.seen) {
             return Err(Unfoldable("stream did not carry every choice"));

@@ -5,10 +5,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::chat::{Header, StreamUsage};
+use super::chat::{Header, StreamEnd};
 use super::{
-    choices_asked, first_asking, is_null, openai_error, push_raw_or_null, string_inner,
-    upgrade_request, Fold, Folded, Unfoldable, Upgrade,
+    choices_asked, first_asking, is_null, push_raw_or_null, string_inner, upgrade_request, Fold,
+    Folded, Unfoldable, Upgrade,
 };
 
 /// A non-streamed completions request as a stream with its fold, or why it must pass through.
@@ -107,8 +107,7 @@ pub struct CompletionsFold {
     text: Vec<u8>,
     finish_reason: Option<String>,
     stop_reason: Option<String>,
-    error: Option<Folded>,
-    done: bool,
+    end: StreamEnd,
 }
 
 impl CompletionsFold {
@@ -120,15 +119,7 @@ impl CompletionsFold {
 
 impl Fold for CompletionsFold {
     fn feed(&mut self, data: &[u8]) -> Result<(), Unfoldable> {
-        if data == b"[DONE]" {
-            self.done = true;
-            return Ok(());
-        }
-        if self.done || self.error.is_some() {
-            return Err(Unfoldable("event after the end of the stream"));
-        }
-        if data.starts_with(b"{\"error\"") {
-            self.error = Some(openai_error(data).ok_or(Unfoldable("error event not readable"))?);
+        if self.end.take_control(data)? {
             return Ok(());
         }
         let chunk: Chunk<'_> =
@@ -146,13 +137,7 @@ impl Fold for CompletionsFold {
             chunk.system_fingerprint,
             chunk.metrics,
         )?;
-        if let Some(u) = chunk.usage.filter(|u| u.get() != "null") {
-            let usage: StreamUsage<'_> =
-                serde_json::from_str(u.get()).map_err(|_| Unfoldable("unknown usage shape"))?;
-            let mut out = Vec::new();
-            usage.write(&mut out);
-            self.header.usage = Some(out);
-        }
+        self.header.note_usage(chunk.usage)?;
         for c in &chunk.choices {
             if c.index != 0 {
                 return Err(Unfoldable("choice index beyond n"));
@@ -174,11 +159,8 @@ impl Fold for CompletionsFold {
     }
 
     fn finish(&mut self) -> Result<Folded, Unfoldable> {
-        if let Some(e) = self.error.take() {
+        if let Some(e) = self.end.ended()? {
             return Ok(e);
-        }
-        if !self.done {
-            return Err(Unfoldable("stream ended without [DONE]"));
         }
         let (true, Some(finish)) = (self.seen, &self.finish_reason) else {
             return Err(Unfoldable("the choice did not finish"));

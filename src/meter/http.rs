@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use sha2::{Digest, Sha256};
 
 use crate::access_log::AccessLogCounters;
-use crate::clock::{Clock, UnixNanos, NANOS_PER_SEC};
+use crate::clock::{TimeSource, UnixNanos, NANOS_PER_SEC};
 use crate::error::{error_body, kind};
 use crate::health::Health;
 
@@ -40,6 +40,9 @@ pub struct StatsContext {
         crate::scrape::ScrapeConfig,
         Arc<crate::scrape::ScrapeCounters>,
     )>,
+    /// The clock the queries' "now" is read on: the proxy's measuring clock, so a test on a
+    /// manual clock sees windows on the same timeline as its requests.
+    pub time: TimeSource,
 }
 
 /// The stats bearer token, kept as its SHA-256 digest; replaceable while serving (SIGHUP).
@@ -190,7 +193,7 @@ async fn stats(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: Uri)
             return error(StatusCode::BAD_REQUEST, &msg, k, param.as_deref());
         }
     };
-    let now = Clock::global().now();
+    let now = state.ctx.time.unix_now();
     let ctx = &state.ctx;
     match state
         .handle
@@ -224,7 +227,7 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     if !authorized(&state, &headers) {
         return unauthorized();
     }
-    let mut text = state.handle.prometheus(Clock::global().now()).await;
+    let mut text = state.handle.prometheus(state.ctx.time.unix_now()).await;
     let ctx = &state.ctx;
     let started_s = ctx.started as f64 / NANOS_PER_SEC as f64;
     render_self(
@@ -281,7 +284,11 @@ async fn timeline(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: U
             }
         }
     }
-    match state.handle.timeline(Clock::global().now(), seconds).await {
+    match state
+        .handle
+        .timeline(state.ctx.time.unix_now(), seconds)
+        .await
+    {
         Ok(t) => Json(t).into_response(),
         Err(e) => error(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -58,6 +58,8 @@ enum Event {
     },
     // Boxed like snapshots: one every scrape interval.
     ServerSample(Box<ServerSample>),
+    /// Ends the thread once every event queued before it is taken in.
+    Stop,
 }
 
 struct SnapshotRequest {
@@ -123,7 +125,46 @@ pub fn spawn_meter(config: MeterConfig) -> MeterHandle {
 }
 
 /// Starts the meter thread with its timeline starting at `origin` (tests inject time this way).
+/// The thread is detached: it ends when the last handle is dropped.
 pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
+    start(config, origin).0
+}
+
+/// Starts the meter like [`spawn_meter`], and returns the one owner of its thread beside the
+/// handle: [`MeterThread::stop`] ends and joins it (the proxy's shutdown does).
+pub fn spawn_meter_owned(config: MeterConfig) -> (MeterHandle, MeterThread) {
+    let (handle, join) = start(config, Clock::global().now());
+    let thread = MeterThread {
+        handle: handle.clone(),
+        join,
+    };
+    (handle, thread)
+}
+
+/// The single owner of the meter thread's `JoinHandle`.
+#[derive(Debug)]
+pub struct MeterThread {
+    handle: MeterHandle,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MeterThread {
+    /// Asks the thread to end after the events queued so far and waits up to `within` for it;
+    /// false if it did not end in time (it is then left detached). Handles kept elsewhere get
+    /// "meter stopped" answers afterwards.
+    pub async fn stop(self, within: Duration) -> bool {
+        let Some(join) = self.join else {
+            return true;
+        };
+        let _ = self.handle.send_now(Event::Stop);
+        crate::join::join_within(join, within, "tokenmeter-meter").await
+    }
+}
+
+fn start(
+    config: MeterConfig,
+    origin: UnixNanos,
+) -> (MeterHandle, Option<std::thread::JoinHandle<()>>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
     let bound = Arc::new(Bound::new(MAX_QUEUED_EVENTS));
     let taken = bound.clone();
@@ -181,20 +222,22 @@ pub fn spawn_meter_at(config: MeterConfig, origin: UnixNanos) -> MeterHandle {
             }
             Event::ServerEnable { threshold_pct } => meter.enable_server(threshold_pct),
             Event::ServerSample(s) => meter.server_sample(*s),
+            Event::Stop => break,
         }
     };
-    let thread = match std::thread::Builder::new()
+    let join = match std::thread::Builder::new()
         .name("tokenmeter-meter".into())
         .spawn(run)
     {
-        Ok(handle) => Some(handle.thread().clone()),
+        Ok(handle) => Some(handle),
         // Without a meter thread the proxy still serves; /stats answers that the meter stopped.
         Err(e) => {
             tracing::error!(error = %e, "cannot start the meter thread");
             None
         }
     };
-    MeterHandle { tx, thread, bound }
+    let thread = join.as_ref().map(|j| j.thread().clone());
+    (MeterHandle { tx, thread, bound }, join)
 }
 
 impl MeterHandle {
@@ -356,6 +399,23 @@ mod tests {
         assert!(h
             .send_now(Event::ServerEnable { threshold_pct: 1.0 })
             .is_ok());
+    }
+
+    #[tokio::test]
+    async fn stop_takes_the_queued_events_in_then_ends_and_joins_the_thread() {
+        let (h, thread) = spawn_meter_owned(MeterConfig::default());
+        let now = Clock::global().now();
+        h.started(1, now, Arc::from("u"), None);
+        h.tokens(1, now, 3);
+        let counters = AccessLogCounters::default();
+        let q = SnapshotQuery::default();
+        assert!(h.snapshot(now, q.clone(), "up", &counters).await.is_ok());
+        assert!(thread.stop(Duration::from_secs(5)).await, "joined in time");
+        // The handle outlives the thread: queries get the "meter stopped" answer, not a hang.
+        assert!(matches!(
+            h.snapshot(now, q, "up", &counters).await,
+            Err(SnapshotError::Stopped)
+        ));
     }
 
     #[test]

@@ -31,5 +31,5 @@ pub mod window;
 pub use config::MeterConfig;
 pub use engine::Meter;
 pub use http::{admin_router, stats_router, StatsContext, StatsToken};
-pub use live::{spawn_meter, MeterHandle};
+pub use live::{spawn_meter, spawn_meter_owned, MeterHandle, MeterThread};
 pub use snapshot::{SnapshotError, SnapshotQuery, StatsSnapshot};

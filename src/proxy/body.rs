@@ -86,7 +86,7 @@ impl MeteredBody {
     }
 
     fn end(&mut self, outcome: Outcome, error: Option<&str>) {
-        let now = Instant::now();
+        let now = self.tracker.now();
         if let Reading::Json {
             dialect,
             copy,
@@ -273,11 +273,12 @@ impl Body for MeteredBody {
             };
             match Pin::new(inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
-                    let now = Instant::now();
-                    this.last_frame = now;
+                    // The idle timer runs on real time; the measurement on the tracker's clock.
+                    let real = Instant::now();
+                    this.last_frame = real;
                     match frame.into_data() {
                         Ok(data) => {
-                            let out = this.on_data(data, now);
+                            let out = this.on_data(data, this.tracker.observe(real));
                             // A body of known length is over with its last byte: hyper will not
                             // poll again, so the record is finished now, not at drop.
                             let over = this
@@ -356,7 +357,7 @@ impl Body for MeteredBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::chat::Chat;
+    use crate::dialect::chat::CHAT;
 
     fn fixture_body(name: &str) -> Vec<u8> {
         let raw = std::fs::read(
@@ -381,7 +382,7 @@ mod tests {
         let mut max_held = 0;
         for r in pieces {
             let data = Bytes::copy_from_slice(&body[r]);
-            let sent = strip_usage_events(&Chat, &mut scanner, &mut held, &data, |s| {
+            let sent = strip_usage_events(&CHAT, &mut scanner, &mut held, &data, |s| {
                 if s.usage.is_some() {
                     usage_events += 1;
                 }
@@ -422,12 +423,12 @@ mod tests {
         let frame = Bytes::from_static(
             b": keep-alive\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
         );
-        let out = strip_usage_events(&Chat, &mut scanner, &mut held, &frame, |_| {});
+        let out = strip_usage_events(&CHAT, &mut scanner, &mut held, &frame, |_| {});
         assert_eq!(out.as_ptr(), frame.as_ptr(), "zero-copy pass-through");
         let usage = Bytes::from_static(
             b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n",
         );
-        let out = strip_usage_events(&Chat, &mut scanner, &mut held, &usage, |_| {});
+        let out = strip_usage_events(&CHAT, &mut scanner, &mut held, &usage, |_| {});
         assert_eq!(&out[..], b"data: [DONE]\n\n");
     }
 }

@@ -77,7 +77,7 @@ pub async fn handle(
     remote: SocketAddr,
     framing: Arc<Verdict>,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
-    let t0 = Instant::now();
+    let t0 = state.trackers.time().now();
     if framing.next_request_is_ambiguous() {
         // Neither the body nor anything after it on this connection can be trusted: answer
         // without reading it, and close.
@@ -108,11 +108,16 @@ pub async fn handle(
     if let Some(router) = &state.stats {
         let p = req.uri().path();
         if p == "/stats" || p.starts_with("/stats/") {
-            return Ok(crate::proxy::stats_response(router.clone(), req).await);
+            // Boxed for the same reason as `forward` below.
+            return Ok(Box::pin(crate::proxy::stats_response(router.clone(), req)).await);
         }
     }
     let mut request_id = None;
-    let mut resp = forward(&state, req, remote, t0, &mut request_id).await;
+    // Boxed: the request's own state (tracker, head, body, the upgrade's fold) lives only until
+    // the response head is ready, while the connection's task, which would otherwise hold room
+    // for it inline, lives as long as the connection (~9 KiB per open stream, counted with
+    // benches/stream_memory.rs).
+    let mut resp = Box::pin(forward(&state, req, remote, t0, &mut request_id)).await;
     if let Some(id) = request_id {
         resp.headers_mut()
             .insert(state.request_id_header.clone(), id);
@@ -218,9 +223,12 @@ async fn forward(
     let mut upgraded: Option<(Box<dyn Fold>, &'static dyn Dialect)> = None;
     if let Some(api) = api {
         let info = RequestInfo::parse(&body);
-        let (user, source) = clues(info.user.as_deref(), &parts.headers);
-        meta.user = user.into();
-        meta.user_source = source;
+        // Only the body's `user` can change the answer given before the body was read.
+        if info.user.is_some() {
+            let (user, source) = clues(info.user.as_deref(), &parts.headers);
+            meta.user = user.into();
+            meta.user_source = source;
+        }
         meta.model = info.model.as_deref().map(Arc::from);
         meta.stream = info.stream;
         meta.n = info.n;
@@ -520,7 +528,8 @@ fn respond_error(
     tracker.set_status(err.status.as_u16());
     let body = err.body();
     tracker.on_sent(body.len());
-    tracker.finish(outcome, Some(why), Instant::now());
+    let now = tracker.now();
+    tracker.finish(outcome, Some(why), now);
     let mut r = Response::new(ProxyBody::Full(Some(body)));
     *r.status_mut() = err.status;
     r.headers_mut().insert(

@@ -86,24 +86,69 @@ pub fn x_api_key(headers: &HeaderMap) -> Option<&str> {
 
 /// The pseudonym of a key: `key-` and the first 8 hex digits of its SHA-256.
 pub fn key_pseudonym(key: &str) -> String {
-    let digest = Sha256::digest(key.as_bytes());
-    format!(
-        "key-{:02x}{:02x}{:02x}{:02x}",
-        digest[0], digest[1], digest[2], digest[3]
-    )
+    pseudonym_of(&digest(key))
+}
+
+fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+fn pseudonym_of(d: &[u8; 32]) -> String {
+    let mut s = String::with_capacity(12);
+    s.push_str("key-");
+    s.push_str(hex(&d[..4]).as_str());
+    s
+}
+
+/// Lowercase hex of up to 32 bytes, on the stack: identity runs on every request.
+struct Hex {
+    buf: [u8; 64],
+    len: usize,
+}
+
+impl Hex {
+    fn as_str(&self) -> &str {
+        // Only ASCII hex digits are written.
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or_default()
+    }
+}
+
+fn hex(bytes: &[u8]) -> Hex {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut h = Hex {
+        buf: [0; 64],
+        len: 0,
+    };
+    for &b in bytes.iter().take(32) {
+        h.buf[h.len] = DIGITS[usize::from(b >> 4)];
+        h.buf[h.len + 1] = DIGITS[usize::from(b & 15)];
+        h.len += 2;
+    }
+    h
 }
 
 /// The configured name of `key`, comparing in constant time per entry.
 pub fn known_key_name<'c>(config: &'c UsersConfig, key: &str) -> Option<&'c str> {
-    let hex = {
-        let d = Sha256::digest(key.as_bytes());
-        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    };
+    known_key_name_with(config, key, &mut None)
+}
+
+/// [`known_key_name`] with the key's digest computed at most once per request (`digest` keeps
+/// it), and not at all when no keys are configured.
+fn known_key_name_with<'c>(
+    config: &'c UsersConfig,
+    key: &str,
+    digest_memo: &mut Option<[u8; 32]>,
+) -> Option<&'c str> {
+    if config.api_keys.is_empty() {
+        return None;
+    }
+    let d = *digest_memo.get_or_insert_with(|| digest(key));
+    let hex = hex(&d);
     let mut found = None;
     for (name, secret) in &config.api_keys {
         let expected = &secret.0;
         let matches = match expected.strip_prefix("sha256:") {
-            Some(h) => constant_time_eq(h.to_ascii_lowercase().as_bytes(), hex.as_bytes()),
+            Some(h) => constant_time_eq(h.to_ascii_lowercase().as_bytes(), hex.as_str().as_bytes()),
             None => constant_time_eq(expected.as_bytes(), key.as_bytes()),
         };
         if matches && found.is_none() {
@@ -136,6 +181,8 @@ pub struct Clues<'a> {
 /// Picks the user by the configured order; the client IP always answers last.
 pub fn identify(config: &UsersConfig, clues: &Clues<'_>) -> (String, UserSource) {
     let key = bearer_key(clues.headers);
+    // The key map and the pseudonym share one SHA-256 of the key.
+    let mut digest_memo = None;
     for source in &config.order {
         let name = match source {
             UserSource::Path => clues.path_user.and_then(clean),
@@ -145,10 +192,12 @@ pub fn identify(config: &UsersConfig, clues: &Clues<'_>) -> (String, UserSource)
                 .and_then(|v| v.to_str().ok())
                 .and_then(clean),
             UserSource::KeyMap => key
-                .and_then(|k| known_key_name(config, k))
+                .and_then(|k| known_key_name_with(config, k, &mut digest_memo))
                 .map(str::to_string),
             UserSource::Body => clues.body_user.and_then(clean),
-            UserSource::KeyHash => key.map(key_pseudonym),
+            UserSource::KeyHash => {
+                key.map(|k| pseudonym_of(digest_memo.get_or_insert_with(|| digest(k))))
+            }
             UserSource::Ip => Some(clues.client_ip.to_string()),
         };
         if let Some(name) = name {
@@ -282,6 +331,18 @@ mod tests {
         let both = headers(&[("authorization", "Bearer sk-b"), ("x-api-key", "sk-x")]);
         assert_eq!(bearer_key(&both), Some("sk-b"));
         assert_eq!(bearer_key(&headers(&[("x-api-key", " ")])), None);
+    }
+
+    #[test]
+    fn hex_and_pseudonym_agree_with_format() {
+        let all: Vec<u8> = (0..=255).collect();
+        for chunk in all.chunks(32) {
+            let want: String = chunk.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(hex(chunk).as_str(), want);
+        }
+        let d = Sha256::digest(b"sk-abc");
+        let want = format!("key-{:02x}{:02x}{:02x}{:02x}", d[0], d[1], d[2], d[3]);
+        assert_eq!(key_pseudonym("sk-abc"), want);
     }
 
     #[test]

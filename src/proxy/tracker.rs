@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::clock::{format_rfc3339_micros, Clock, UnixNanos, NANOS_PER_SEC};
+use crate::clock::{format_rfc3339_micros, Clock, TimeSource, UnixNanos, NANOS_PER_SEC};
 use crate::dialect::{Api, EventSummary};
 use crate::itl::ItlHistogram;
 use crate::observe::Observer;
@@ -64,6 +64,8 @@ pub struct TrackerShared {
     pub in_flight: InFlight,
     next_id: AtomicU64,
     id_prefix: u32,
+    /// Where measurements read the time (the real clock outside tests).
+    time: TimeSource,
 }
 
 impl TrackerShared {
@@ -75,7 +77,20 @@ impl TrackerShared {
             in_flight: InFlight::new(cold_start_idle),
             next_id: AtomicU64::new(1),
             id_prefix,
+            time: TimeSource::real(),
         }
+    }
+
+    /// The same, measuring on `time` (tests pass a manual clock).
+    #[must_use]
+    pub fn with_time_source(mut self, time: TimeSource) -> Self {
+        self.time = time;
+        self
+    }
+
+    /// Where measurements read the time.
+    pub fn time(&self) -> &TimeSource {
+        &self.time
     }
 }
 
@@ -352,8 +367,20 @@ impl Tracker {
     #[inline]
     pub fn on_poll(&mut self) {
         if self.terminal == Terminal::Read {
-            self.terminal = Terminal::Delivered(Instant::now());
+            self.terminal = Terminal::Delivered(self.now());
         }
+    }
+
+    /// Now, on the proxy's measuring clock.
+    #[inline]
+    pub fn now(&self) -> Instant {
+        self.shared.time.now()
+    }
+
+    /// The instant to record for a frame the caller timed at `real` for its own timers.
+    #[inline]
+    pub fn observe(&self, real: Instant) -> Instant {
+        self.shared.time.observe(real)
     }
 
     /// Ends the request with `outcome` at `now`; later calls do nothing.
@@ -464,11 +491,10 @@ impl Drop for Tracker {
             // The client had the whole answer (Codex closes right after `response.completed`):
             // the request ended when the terminal event left.
             Terminal::Delivered(at) => self.finish(Outcome::Ok, None, at),
-            _ => self.finish(
-                Outcome::ClientAborted,
-                Some("client disconnected"),
-                Instant::now(),
-            ),
+            _ => {
+                let now = self.now();
+                self.finish(Outcome::ClientAborted, Some("client disconnected"), now);
+            }
         }
     }
 }

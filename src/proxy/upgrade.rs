@@ -4,7 +4,7 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, StatusCode};
@@ -76,7 +76,7 @@ pub async fn collect(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        let now = Instant::now();
+        let now = tracker.now();
         tracker.on_upstream_bytes(now);
         let mut stop = None;
         scanner.feed(&data, |ev| {
@@ -160,7 +160,8 @@ impl Body for AnswerBody {
             return Poll::Ready(None);
         };
         this.tracker.on_sent(data.len());
-        this.tracker.finish(Outcome::Ok, None, Instant::now());
+        let now = this.tracker.now();
+        this.tracker.finish(Outcome::Ok, None, now);
         Poll::Ready(Some(Ok(Frame::data(data))))
     }
 

@@ -111,6 +111,9 @@ pub enum Step {
     Reset(Duration),
     /// Wait this long (use a huge value for "never answers").
     Stall(Duration),
+    /// Wait until the test adds a permit (it advances a manual clock first, then opens the gate,
+    /// so each write happens at a known instant of that clock).
+    Gate(Arc<tokio::sync::Semaphore>),
 }
 
 /// What the fake upstream does for each request, in order (the last one repeats).
@@ -221,6 +224,18 @@ async fn serve_conn(
                     return;
                 }
                 Step::Stall(d) => (d, None),
+                Step::Gate(g) => {
+                    tokio::select! {
+                        p = g.acquire() => p.unwrap().forget(),
+                        r = stream.read(&mut probe) => {
+                            if matches!(r, Ok(0) | Err(_)) {
+                                let _ = closed_tx.send(Instant::now());
+                                return;
+                            }
+                        }
+                    }
+                    continue;
+                }
             };
             // Wait, but notice the client leaving meanwhile.
             tokio::select! {
@@ -417,6 +432,15 @@ impl TestProxy {
         upstream: &str,
         tweak: impl FnOnce(&mut tokenmeter::config::ServeConfig),
     ) -> TestProxy {
+        Self::start_with_time(upstream, tokenmeter::clock::TimeSource::real(), tweak).await
+    }
+
+    /// The same, measuring on `time` (a manual clock the test advances).
+    pub async fn start_with_time(
+        upstream: &str,
+        time: tokenmeter::clock::TimeSource,
+        tweak: impl FnOnce(&mut tokenmeter::config::ServeConfig),
+    ) -> TestProxy {
         let dir = TempDir::new("proxy");
         let log_path = dir.0.join("access.jsonl");
         let mut config = tokenmeter::config::ServeConfig {
@@ -426,7 +450,9 @@ impl TestProxy {
             ..Default::default()
         };
         tweak(&mut config);
-        let handle = tokenmeter::proxy::spawn(config, Vec::new()).await.unwrap();
+        let handle = tokenmeter::proxy::spawn_with_time(config, Vec::new(), time)
+            .await
+            .unwrap();
         let addr = handle.addr();
         TestProxy {
             handle: Some(handle),

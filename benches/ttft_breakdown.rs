@@ -1,0 +1,479 @@
+//! TTFT breakdown: what tokenmeter does before the first byte of a stream leaves, stage by stage,
+//! in nanoseconds, for issue 19's request shape (a streamed chat completion with an
+//! `Authorization: Bearer` key and no `stream_options`, so the proxy injects `include_usage`).
+//!
+//! `cargo bench --bench ttft_breakdown -- [--iters 2000]`
+//!
+//! Two parts:
+//! 1. **Stages in isolation**: each piece of `proxy::forward`'s work before the upstream request,
+//!    called through the library with the same inputs the proxy sees, timed per call (median of 15
+//!    batches, the cost of reading the clock subtracted).
+//! 2. **End to end, in process**: the real proxy (`proxy::spawn`, access log and metering on) in
+//!    front of a raw-socket upstream that stamps when the request arrives and when it answers. A
+//!    raw-socket client stamps send and first byte. From CLOCK_MONOTONIC on every side:
+//!    request path = upstream saw the request − client sent it; response path = client got the
+//!    first byte − upstream wrote it; each minus the same quantity with the client talking to the
+//!    upstream directly. Warm (one keep-alive connection) and cold (a new client connection per
+//!    request, the proxy's upstream pool warm: adds the accept and the hand-off to a serving
+//!    thread).
+
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use std::hint::black_box;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue};
+use http_body_util::{BodyExt, Full, Limited};
+use tokenmeter::clock::monotonic_ns;
+use tokenmeter::config::UsersConfig;
+use tokenmeter::proxy::identity::{self, Clues};
+use tokenmeter::proxy::request::{inject_include_usage, RequestInfo};
+use tokenmeter::proxy::{RequestMeta, Tracker, TrackerShared};
+
+const BODY: &[u8] =
+    br#"{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":16,"stream":true}"#;
+const KEY: &str = "sk-overhead-bench-0123456789";
+
+fn request_head(host: &str) -> String {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n\
+authorization: Bearer {KEY}\r\nuser-agent: ttft-breakdown/1\r\ncontent-length: {}\r\n\r\n",
+        BODY.len()
+    )
+}
+
+fn headers() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("host", HeaderValue::from_static("127.0.0.1:8000"));
+    h.insert("content-type", HeaderValue::from_static("application/json"));
+    h.insert(
+        "authorization",
+        HeaderValue::from_str(&format!("Bearer {KEY}")).unwrap(),
+    );
+    h.insert("user-agent", HeaderValue::from_static("ttft-breakdown/1"));
+    h.insert("content-length", HeaderValue::from_static("97"));
+    h
+}
+
+/// ns per call of `f`: median over 15 batches of `n` calls, minus the median cost of the empty loop.
+fn per_call<R>(n: usize, mut f: impl FnMut() -> R) -> f64 {
+    let batch = |f: &mut dyn FnMut()| {
+        let mut v: Vec<f64> = (0..15)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..n {
+                    f();
+                }
+                t.elapsed().as_nanos() as f64 / n as f64
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[7]
+    };
+    let empty = batch(&mut || {
+        black_box(());
+    });
+    let full = batch(&mut || {
+        black_box(f());
+    });
+    (full - empty).max(0.0)
+}
+
+fn meta(user: &str) -> RequestMeta {
+    RequestMeta {
+        user: user.into(),
+        user_source: tokenmeter::record::UserSource::KeyHash,
+        model: Some("sim-model".into()),
+        method: "POST".into(),
+        path: "/v1/chat/completions".into(),
+        client_request_id: None,
+        user_agent: Some("ttft-breakdown/1".into()),
+        client_ip: None,
+        api: tokenmeter::dialect::detect("/v1/chat/completions"),
+        stream: Some(true),
+        n: None,
+        bytes_in: BODY.len() as u64,
+    }
+}
+
+/// Part 1: every stage of `forward` before the upstream request, alone.
+fn stages(rt: &tokio::runtime::Runtime, n: usize) -> Vec<(&'static str, f64)> {
+    let users = UsersConfig::default();
+    let h = headers();
+    let ip: IpAddr = "127.0.0.1".parse().unwrap();
+    let clues = Clues {
+        path_user: None,
+        headers: &h,
+        body_user: None,
+        client_ip: ip,
+    };
+    let mut out = Vec::new();
+    out.push((
+        "route: split_user_prefix + dialect::detect",
+        per_call(n, || {
+            let s = identity::split_user_prefix(black_box("/v1/chat/completions"));
+            tokenmeter::dialect::detect(s.path)
+        }),
+    ));
+    out.push((
+        "identity: one identify() (default order, bearer key)",
+        per_call(n, || identity::identify(&users, black_box(&clues))),
+    ));
+    out.push((
+        "  of which key_pseudonym (SHA-256 + hex)",
+        per_call(n, || identity::key_pseudonym(black_box(KEY))),
+    ));
+    out.push((
+        "  of which known_key_name (SHA-256 + hex, no keys)",
+        per_call(n, || identity::known_key_name(&users, black_box(KEY))),
+    ));
+    out.push((
+        "request body collect (Limited<Full>, 97 B)",
+        per_call(n, || {
+            rt.block_on(async {
+                let b = Limited::new(Full::new(Bytes::from_static(BODY)), 1 << 20);
+                b.collect().await.unwrap().to_bytes()
+            })
+        }),
+    ));
+    out.push((
+        "  the same block_on around nothing (subtract)",
+        per_call(n, || rt.block_on(async { black_box(1) })),
+    ));
+    out.push((
+        "RequestInfo::parse",
+        per_call(n, || RequestInfo::parse(black_box(BODY))),
+    ));
+    let info = RequestInfo::parse(BODY);
+    out.push((
+        "inject_include_usage",
+        per_call(n, || inject_include_usage(black_box(BODY), &info)),
+    ));
+    out.push((
+        "request meta (strings, user agent)",
+        per_call(n, || meta(black_box("key-0123abcd"))),
+    ));
+    let meter = tokenmeter::meter::spawn_meter(tokenmeter::meter::MeterConfig::default());
+    let shared = Arc::new(TrackerShared::new(
+        vec![Arc::new(meter.clone())],
+        Duration::from_secs(5),
+    ));
+    // Start, id, admit (the meter hears of the request) and drop (finish: the meter and observers
+    // hear of the end, after the stream in reality): timed separately within one loop.
+    let (mut start_ns, mut admit_ns, mut drop_ns) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..n.max(1000) {
+        let m = meta("key-0123abcd");
+        let t = Instant::now();
+        let mut tr = Tracker::start(shared.clone(), t, m.clone(), true);
+        let id = tr.request_id();
+        let t1 = Instant::now();
+        tr.admit(m);
+        let t2 = Instant::now();
+        drop(tr);
+        let t3 = Instant::now();
+        black_box(id);
+        start_ns.push((t1 - t).as_nanos() as f64);
+        admit_ns.push((t2 - t1).as_nanos() as f64);
+        drop_ns.push((t3 - t2).as_nanos() as f64);
+    }
+    let clock = per_call(n, Instant::now);
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2] - clock).max(0.0)
+    };
+    out.push(("Tracker::start + request_id", med(&mut start_ns)));
+    out.push(("Tracker::admit (observers.started)", med(&mut admit_ns)));
+    out.push((
+        "Tracker drop before finish (after the stream in reality)",
+        med(&mut drop_ns),
+    ));
+    let host = HeaderValue::from_static("127.0.0.1:9000");
+    out.push((
+        "header rewrite + upstream URI",
+        per_call(n, || {
+            let mut h = h.clone();
+            tokenmeter::proxy::strip_hop_by_hop(&mut h);
+            h.remove(http::header::EXPECT);
+            h.remove(http::header::CONTENT_LENGTH);
+            h.remove("x-tokenmeter-user");
+            h.insert(http::header::HOST, host.clone());
+            h.insert(
+                "x-request-id",
+                HeaderValue::from_static("tm-00000000-00000001"),
+            );
+            let u = http::Uri::try_from(format!(
+                "http://127.0.0.1:9000{}",
+                black_box("/v1/chat/completions")
+            ))
+            .unwrap();
+            (h, u)
+        }),
+    ));
+    out.push((
+        "  of which the HeaderMap clone (subtract)",
+        per_call(n, || h.clone()),
+    ));
+    out
+}
+
+/// Stamps the raw upstream records per request: (request fully read, response written).
+type Stamps = Arc<Mutex<Vec<(u64, u64)>>>;
+
+/// Reads one request (head and `content-length` body) into `buf`; false at end of stream.
+async fn read_request(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> bool {
+    use tokio::io::AsyncReadExt;
+    buf.clear();
+    let mut tmp = [0u8; 4096];
+    loop {
+        if let Some(end) = memchr::memmem::find(buf, b"\r\n\r\n") {
+            let head = std::str::from_utf8(&buf[..end])
+                .unwrap_or("")
+                .to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return true;
+            }
+        }
+        match s.read(&mut tmp).await {
+            Ok(0) | Err(_) => return false,
+            Ok(k) => buf.extend_from_slice(&tmp[..k]),
+        }
+    }
+}
+
+/// A keep-alive HTTP/1.1 upstream on raw sockets (one current-thread runtime on a thread of its
+/// own, a task per connection, so a new connection costs an accept and a task, as in a server):
+/// answers every request with one SSE event, then `[DONE]` 200 µs later, stamping arrival and
+/// answer.
+fn raw_upstream(stamps: Stamps) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            loop {
+                let Ok((s, _)) = l.accept().await else {
+                    continue;
+                };
+                tokio::spawn(serve_raw(s, stamps.clone()));
+            }
+        });
+    });
+    addr
+}
+
+async fn serve_raw(mut s: tokio::net::TcpStream, stamps: Stamps) {
+    use tokio::io::AsyncWriteExt;
+    s.set_nodelay(true).unwrap();
+    let mut buf = Vec::new();
+    let event = b"data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"hi\"},\"finish_reason\":null}]}\n\n";
+    let mut resp = Vec::new();
+    resp.extend_from_slice(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+    );
+    resp.extend_from_slice(format!("{:x}\r\n", event.len()).as_bytes());
+    resp.extend_from_slice(event);
+    resp.extend_from_slice(b"\r\n");
+    let done = b"data: [DONE]\n\n";
+    let tail = [
+        format!("{:x}\r\n", done.len()).into_bytes(),
+        done.to_vec(),
+        b"\r\n0\r\n\r\n".to_vec(),
+    ]
+    .concat();
+    while read_request(&mut s, &mut buf).await {
+        let t1 = monotonic_ns();
+        let t2 = monotonic_ns();
+        if s.write_all(&resp).await.is_err() {
+            return;
+        }
+        // The rest a little later, so the first event travels alone as in a stream.
+        tokio::time::sleep(Duration::from_micros(200)).await;
+        if s.write_all(&tail).await.is_err() {
+            return;
+        }
+        stamps.lock().unwrap().push((t1, t2));
+    }
+}
+
+/// Sends one request on `s`; returns (sent, first event byte received), reading to the end.
+fn one(s: &mut TcpStream, head: &[u8], buf: &mut Vec<u8>) -> (u64, u64) {
+    buf.clear();
+    let mut tmp = [0u8; 8192];
+    let t0 = monotonic_ns();
+    s.write_all(head).unwrap();
+    s.write_all(BODY).unwrap();
+    let mut first = None;
+    loop {
+        let k = s.read(&mut tmp).unwrap();
+        assert!(k > 0, "connection closed: {}", String::from_utf8_lossy(buf));
+        let now = monotonic_ns();
+        buf.extend_from_slice(&tmp[..k]);
+        if first.is_none() && memchr::memmem::find(buf, b"data: {").is_some() {
+            first = Some(now);
+        }
+        if buf.ends_with(b"0\r\n\r\n") {
+            return (t0, first.expect("an event before the end"));
+        }
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Part 2: request path and response path, through the proxy and direct, warm and cold.
+fn end_to_end(rt: &tokio::runtime::Runtime, n: usize) -> Vec<(String, f64)> {
+    let stamps: Stamps = Arc::default();
+    let up = raw_upstream(stamps.clone());
+    let dir = std::env::temp_dir().join(format!("tm-ttft-breakdown-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = tokenmeter::config::ServeConfig {
+        listen: "127.0.0.1:0".into(),
+        upstream: format!("http://{up}"),
+        access_log: Some(dir.join("access.jsonl")),
+        ..Default::default()
+    };
+    let proxy = rt
+        .block_on(tokenmeter::proxy::spawn(config, Vec::new()))
+        .unwrap();
+    let px = proxy.addr();
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    for (arm, addr) in [("direct", up), ("tokenmeter", px)] {
+        for cold in [false, true] {
+            let head = request_head(&addr.to_string());
+            let mut req_path = Vec::new();
+            let mut resp_path = Vec::new();
+            let mut total = Vec::new();
+            let connect = || {
+                let s = TcpStream::connect(addr).unwrap();
+                s.set_nodelay(true).unwrap();
+                s
+            };
+            let mut s = connect();
+            for i in 0..n + 50 {
+                if cold {
+                    s = connect();
+                }
+                stamps.lock().unwrap().clear();
+                let (t0, t3) = one(&mut s, head.as_bytes(), &mut buf);
+                let (t1, t2) = loop {
+                    if let Some(&p) = stamps.lock().unwrap().first() {
+                        break p;
+                    }
+                    std::thread::sleep(Duration::from_micros(50));
+                };
+                if i >= 50 {
+                    req_path.push((t1 - t0) as f64);
+                    resp_path.push((t3 - t2) as f64);
+                    total.push((t3 - t0) as f64);
+                }
+            }
+            let kind = if cold { "cold" } else { "warm" };
+            out.push((
+                format!("{arm} {kind}: request path (client sent -> upstream read)"),
+                median(&mut req_path),
+            ));
+            out.push((
+                format!("{arm} {kind}: response path (upstream wrote -> client first byte)"),
+                median(&mut resp_path),
+            ));
+            out.push((
+                format!("{arm} {kind}: total (client sent -> first byte)"),
+                median(&mut total),
+            ));
+        }
+    }
+    rt.block_on(proxy.shutdown());
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+fn main() {
+    let mut n = 2000;
+    let mut e2e_only = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--bench" => {}
+            "--e2e-only" => e2e_only = true,
+            "--iters" => n = args.next().and_then(|v| v.parse().ok()).expect("--iters N"),
+            _ => {
+                println!(
+                    "usage: cargo bench --bench ttft_breakdown -- [--iters 2000] [--e2e-only]"
+                );
+                return;
+            }
+        }
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "load average before: {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    if !e2e_only {
+        println!("\n## Stages in isolation (ns per call, median of 15 batches of {n})\n");
+        println!("| stage | ns |\n|---|---|");
+        for (name, ns) in stages(&rt, n) {
+            println!("| {name} | {ns:.0} |");
+        }
+    }
+    // The proxy's accept loop runs on this runtime's worker while the client blocks this thread.
+    let mt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let e2e = end_to_end(&mt, n);
+    println!("\n## End to end in process (median ns over {n} requests; raw-socket client and upstream)\n");
+    println!("| path | ns |\n|---|---|");
+    for (name, ns) in &e2e {
+        println!("| {name} | {ns:.0} |");
+    }
+    let get = |k: &str| {
+        e2e.iter()
+            .find(|(n, _)| n == k)
+            .map_or(f64::NAN, |(_, v)| *v)
+    };
+    println!("\n## Added by tokenmeter (median through the proxy − median direct, ns)\n");
+    println!("| | warm | cold |\n|---|---|---|");
+    for part in [
+        "request path (client sent -> upstream read)",
+        "response path (upstream wrote -> client first byte)",
+        "total (client sent -> first byte)",
+    ] {
+        let d =
+            |k: &str| get(&format!("tokenmeter {k}: {part}")) - get(&format!("direct {k}: {part}"));
+        println!("| {part} | {:.0} | {:.0} |", d("warm"), d("cold"));
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "\nload average after: {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+}
