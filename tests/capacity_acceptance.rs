@@ -9,7 +9,8 @@
 //! * Two methods: at 4, 8 and 16 in flight the production figure is within 3 % of
 //!   `load --sustained` at the same level (its steady 10 s windows).
 //!
-//! Slow (minutes): `scripts/capacity_acceptance.sh` runs them (CI does, via `.ci/run`).
+//! Slow (minutes): `scripts/capacity_acceptance.sh` runs them, by hand
+//! for now (see `.ci/run`).
 //! `CAPACITY_TRUTH_S` sets the length of the 16-agent run (default 180 s).
 
 // Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
