@@ -129,8 +129,8 @@ mod tests {
         // 0.4 of a request off for the second: 2.5 % of 16, steady at 5 %, not at 2 %.
         assert_eq!(mixes[&12].steady_level(5.0), Some(16));
         assert_eq!(mixes[&12].steady_level(2.0), None);
-        // Half the second idle: the median is 16 but the deviation is 8.
-        assert_eq!(mixes[&13].median, 16);
+        // Half the second idle: the time-weighted median ties and takes the lower level, 0.
+        assert_eq!(mixes[&13].median, 0);
         assert_eq!(mixes[&13].steady_level(5.0), None);
         assert!(!mixes.contains_key(&14));
     }
