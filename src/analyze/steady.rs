@@ -72,7 +72,8 @@ impl SecondMixes {
                 self.close_second();
                 self.sec = sec;
             }
-            let end = to.min((sec + 1) * NANOS_PER_SEC);
+            // Saturating: the last second of the u64 range ends at u64::MAX, not past it.
+            let end = to.min((sec + 1).saturating_mul(NANOS_PER_SEC));
             *self.by_level.entry(self.level).or_insert(0) += end - self.since;
             self.since = end;
         }
