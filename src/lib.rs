@@ -25,6 +25,7 @@ pub mod probe;
 pub mod proxy;
 pub mod record;
 pub mod scrape;
+pub mod signals;
 pub mod sim;
 pub mod sse;
 mod swar;
