@@ -29,3 +29,4 @@ pub mod sim;
 pub mod sse;
 mod swar;
 pub mod tls;
+pub mod traceparent;
