@@ -30,3 +30,4 @@ pub mod sim;
 pub mod sse;
 mod swar;
 pub mod tls;
+pub mod traceparent;

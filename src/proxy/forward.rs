@@ -30,6 +30,7 @@ use crate::proxy::ProxyBody;
 use crate::record::Outcome;
 use crate::sse::SseScanner;
 use crate::tls::{ListenerTls, UpstreamConnector};
+use crate::traceparent::TraceParent;
 
 /// What every request of one proxy shares. Built once; each further serving thread takes a copy
 /// with a pool of its own ([`ProxyState::with_pool`]).
@@ -191,6 +192,10 @@ async fn forward(
         stream: None,
         n: None,
         bytes_in: 0,
+        trace: parts
+            .headers
+            .get("traceparent")
+            .and_then(|v| TraceParent::parse(v.as_bytes())),
     };
     let mut tracker = Tracker::start(state.trackers.clone(), t0, meta.clone(), metered);
     let rid = match &meta.client_request_id {

@@ -259,7 +259,7 @@ pub async fn spawn_with_time(
     let otlp = match config.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
         Some(endpoint) => {
             let interval = Duration::from_millis(config.otlp_export_interval_ms);
-            let export = crate::otlp::OtlpExport::start(endpoint, interval)
+            let export = crate::otlp::OtlpExport::start(endpoint, interval, config.otlp_traces)
                 .with_context(|| format!("otlp_endpoint {endpoint}"))?;
             observers.push(export.clone());
             Some(export)
