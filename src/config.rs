@@ -9,10 +9,12 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
+use crate::fleet::settings::{RoutingConfig, UpstreamConfig};
 use crate::record::UserSource;
 use crate::tls::{ListenTlsConfig, UpstreamTlsConfig};
 
 mod sections;
+mod upstreams;
 pub use sections::{Timeouts, UpgradeConfig};
 
 /// Environment variables with this prefix override config keys (`__` separates nesting levels).
@@ -61,8 +63,13 @@ impl fmt::Debug for Secret {
 pub struct ServeConfig {
     /// Address the proxy listens on.
     pub listen: String,
-    /// Base URL of the vLLM server (`http://host:port`).
+    /// Base URL of the vLLM server (`http://host:port`): the single-replica shorthand, used
+    /// when `upstreams` is empty (the upstream is then named by its `host:port`).
     pub upstream: String,
+    /// Several named vLLM replicas; when non-empty it replaces `upstream`.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// How requests are spread over the upstreams and how failing ones are set aside.
+    pub routing: RoutingConfig,
     /// JSON-lines access log file; none when unset.
     pub access_log: Option<PathBuf>,
     /// Records the access log may queue before new ones are dropped (and counted).
@@ -120,6 +127,12 @@ pub struct ServeConfig {
     pub metrics_scrape_interval_s: f64,
     /// A window's `server.disagreement` is true beyond this |proxy − server| / server, percent.
     pub disagreement_threshold_pct: f64,
+    /// OTLP/HTTP receiver (`http://host:port[/base]`) for the GenAI metrics; unset = no export.
+    pub otlp_endpoint: Option<String>,
+    /// Milliseconds between two OTLP exports.
+    pub otlp_export_interval_ms: u64,
+    /// Also export one OTLP span per generation request to `<otlp_endpoint>/v1/traces`.
+    pub otlp_traces: bool,
 }
 
 impl Default for ServeConfig {
@@ -127,6 +140,8 @@ impl Default for ServeConfig {
         ServeConfig {
             listen: "127.0.0.1:8080".into(),
             upstream: "http://127.0.0.1:8000".into(),
+            upstreams: Vec::new(),
+            routing: RoutingConfig::default(),
             access_log: None,
             access_log_buffer: 65_536,
             admin_listen: None,
@@ -152,6 +167,9 @@ impl Default for ServeConfig {
             upstream_metrics_url: None,
             metrics_scrape_interval_s: 10.0,
             disagreement_threshold_pct: 5.0,
+            otlp_endpoint: None,
+            otlp_export_interval_ms: 10_000,
+            otlp_traces: false,
         }
     }
 }
@@ -221,11 +239,16 @@ impl ServeConfig {
         }
         check(self.upstream_uri().map(drop));
         check(self.metrics_uri().map(drop));
+        check(self.fleet_problem());
         let mut fail = |cond: bool, msg: &str| {
             if cond {
                 p.push(msg.to_string());
             }
         };
+        fail(
+            !(self.otlp_export_interval_ms >= 100 && self.otlp_export_interval_ms <= 3_600_000),
+            "otlp_export_interval_ms: must be between 100 and 3600000",
+        );
         fail(
             !(self.metrics_scrape_interval_s >= 0.1 && self.metrics_scrape_interval_s <= 3600.0),
             "metrics_scrape_interval_s: must be between 0.1 and 3600",
@@ -307,44 +330,6 @@ impl ServeConfig {
         self.listen
             .parse()
             .with_context(|| format!("listen: `{}` is not host:port", self.listen))
-    }
-
-    /// The `/metrics` URL to scrape for the cross-check; `None` when scraping is off.
-    pub fn metrics_uri(&self) -> anyhow::Result<Option<http::Uri>> {
-        let raw = match self.upstream_metrics_url.as_deref().map(str::trim) {
-            None | Some("") => return Ok(None),
-            Some(r) => r,
-        };
-        if raw == "auto" {
-            let up = self.upstream_uri()?;
-            let authority = up.authority().context("upstream has no host")?;
-            let uri = format!("http://{authority}/metrics")
-                .parse()
-                .context("upstream_metrics_url")?;
-            return Ok(Some(uri));
-        }
-        let uri: http::Uri = raw
-            .parse()
-            .with_context(|| format!("upstream_metrics_url: `{raw}` is not a URL"))?;
-        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-            bail!("upstream_metrics_url: `{raw}` must be \"auto\" or http://host:port/path");
-        }
-        Ok(Some(uri))
-    }
-
-    /// The upstream base URI (scheme http or https, with an authority).
-    pub fn upstream_uri(&self) -> anyhow::Result<http::Uri> {
-        let uri: http::Uri = self
-            .upstream
-            .parse()
-            .with_context(|| format!("upstream: `{}` is not a URL", self.upstream))?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
-            bail!(
-                "upstream: `{}` must be http://host:port or https://host:port",
-                self.upstream
-            );
-        }
-        Ok(uri)
     }
 }
 

@@ -1,8 +1,10 @@
 //! The proxy's own health: liveness (the process serves) and readiness (it should get traffic).
 //!
-//! Readiness is false while draining after SIGTERM, and while the last attempt to reach the
-//! upstream failed less than `readiness_upstream_failure_s` ago with no success since. Waiting
-//! out the period lets traffic probe the upstream again, as a load balancer's half-open check does.
+//! Readiness is false while draining after SIGTERM, and while every upstream is unreachable: its
+//! last connection attempt failed less than `readiness_upstream_failure_s` ago with no success
+//! since. With several upstreams one reachable replica keeps the proxy ready (the balancer routes
+//! around the others). Waiting out the period lets traffic probe the upstreams again, as a load
+//! balancer's half-open check does.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -14,8 +16,9 @@ use crate::clock::{Clock, UnixNanos, NANOS_PER_SEC};
 #[derive(Debug)]
 pub struct Health {
     draining: AtomicBool,
-    /// When the upstream last failed to connect (Unix ns); 0 = not since the last success.
-    upstream_failed_at: AtomicU64,
+    /// Per upstream (in configured order): when it last failed to connect (Unix ns); 0 = not
+    /// since its last success.
+    upstream_failed_at: Box<[AtomicU64]>,
     failure_window_ns: u64,
 }
 
@@ -33,7 +36,8 @@ pub struct Readiness {
     pub status: &'static str,
     /// Why not: `"draining"`, `"upstream_unreachable"`; empty when ready.
     pub reasons: Vec<&'static str>,
-    /// Seconds since the last failed connection to the upstream, while that counts.
+    /// Seconds since the last failed connection to an upstream, while every upstream counts as
+    /// unreachable.
     pub upstream_failed_s_ago: Option<f64>,
 }
 
@@ -45,11 +49,18 @@ impl Readiness {
 }
 
 impl Health {
-    /// Health state where upstream failures count for `failure_window_s` seconds (0 = never).
+    /// Health state of one upstream whose failures count for `failure_window_s` seconds
+    /// (0 = never).
     pub fn new(failure_window_s: u64) -> Health {
+        Health::with_upstreams(failure_window_s, 1)
+    }
+
+    /// Health state of `upstreams` upstreams (at least one) whose failures count for
+    /// `failure_window_s` seconds (0 = never).
+    pub fn with_upstreams(failure_window_s: u64, upstreams: usize) -> Health {
         Health {
             draining: AtomicBool::new(false),
-            upstream_failed_at: AtomicU64::new(0),
+            upstream_failed_at: (0..upstreams.max(1)).map(|_| AtomicU64::new(0)).collect(),
             failure_window_ns: failure_window_s.saturating_mul(NANOS_PER_SEC),
         }
     }
@@ -59,16 +70,21 @@ impl Health {
         self.draining.store(true, Ordering::Relaxed);
     }
 
-    /// A connection to the upstream could not be made (refused, unreachable, timed out, TLS).
-    pub fn upstream_failed(&self, now: UnixNanos) {
-        self.upstream_failed_at.store(now.max(1), Ordering::Relaxed);
+    /// A connection to upstream `index` could not be made (refused, unreachable, timed out,
+    /// TLS).
+    pub fn upstream_failed(&self, index: usize, now: UnixNanos) {
+        if let Some(at) = self.upstream_failed_at.get(index) {
+            at.store(now.max(1), Ordering::Relaxed);
+        }
     }
 
-    /// The upstream answered: clears a failure (one load per request when there is none).
+    /// Upstream `index` answered: clears its failure (one load per request when there is none).
     #[inline]
-    pub fn upstream_answered(&self) {
-        if self.upstream_failed_at.load(Ordering::Relaxed) != 0 {
-            self.upstream_failed_at.store(0, Ordering::Relaxed);
+    pub fn upstream_answered(&self, index: usize) {
+        if let Some(at) = self.upstream_failed_at.get(index) {
+            if at.load(Ordering::Relaxed) != 0 {
+                at.store(0, Ordering::Relaxed);
+            }
         }
     }
 
@@ -78,10 +94,22 @@ impl Health {
         if self.draining.load(Ordering::Relaxed) {
             reasons.push("draining");
         }
-        let failed_at = self.upstream_failed_at.load(Ordering::Relaxed);
-        let ago = now.saturating_sub(failed_at);
+        // The most recent failure's age when every upstream failed within the period.
+        let mut latest_ago: Option<u64> = Some(u64::MAX);
+        for at in self.upstream_failed_at.iter() {
+            let failed_at = at.load(Ordering::Relaxed);
+            let ago = now.saturating_sub(failed_at);
+            latest_ago = if failed_at != 0 && ago < self.failure_window_ns {
+                latest_ago.map(|l| l.min(ago))
+            } else {
+                None
+            };
+            if latest_ago.is_none() {
+                break;
+            }
+        }
         let mut upstream_failed_s_ago = None;
-        if failed_at != 0 && ago < self.failure_window_ns {
+        if let Some(ago) = latest_ago {
             reasons.push("upstream_unreachable");
             upstream_failed_s_ago = Some(ago as f64 / NANOS_PER_SEC as f64);
         }
@@ -135,17 +163,36 @@ mod tests {
         let s = NANOS_PER_SEC;
         let h = Health::new(10);
         assert!(h.readiness(100 * s).ready());
-        h.upstream_failed(100 * s);
+        h.upstream_failed(0, 100 * s);
         let r = h.readiness(105 * s);
         assert_eq!(r.reasons, vec!["upstream_unreachable"]);
         assert_eq!(r.upstream_failed_s_ago, Some(5.0));
         assert!(h.readiness(110 * s).ready(), "the period is over");
-        h.upstream_answered();
+        h.upstream_answered(0);
         assert!(h.readiness(101 * s).ready(), "a success clears it");
         h.start_draining();
         assert_eq!(h.readiness(101 * s).reasons, vec!["draining"]);
         let never = Health::new(0);
-        never.upstream_failed(100 * s);
+        never.upstream_failed(0, 100 * s);
         assert!(never.readiness(100 * s).ready());
+    }
+
+    #[test]
+    fn with_several_upstreams_one_reachable_keeps_it_ready() {
+        let s = NANOS_PER_SEC;
+        let h = Health::with_upstreams(10, 2);
+        h.upstream_failed(0, 100 * s);
+        assert!(h.readiness(101 * s).ready(), "upstream 1 never failed");
+        h.upstream_failed(1, 103 * s);
+        let r = h.readiness(104 * s);
+        assert_eq!(r.reasons, vec!["upstream_unreachable"]);
+        assert_eq!(
+            r.upstream_failed_s_ago,
+            Some(1.0),
+            "the latest failure's age"
+        );
+        assert!(h.readiness(110 * s).ready(), "upstream 0's period is over");
+        h.upstream_answered(1);
+        assert!(h.readiness(104 * s).ready(), "a success of one clears it");
     }
 }

@@ -107,6 +107,10 @@ pub struct RequestRecord {
     /// else `request_id`, is what the upstream and the client see in that header.
     #[serde(default)]
     pub client_request_id: Option<String>,
+    /// Name of the upstream replica that answered (the last one tried); `null` when the request
+    /// never reached one (rejected by the proxy first). Absent in lines written before it.
+    #[serde(default)]
+    pub upstream: Option<String>,
     /// Who sent it.
     pub user: String,
     /// How `user` was found.
@@ -206,6 +210,10 @@ pub struct RequestRecord {
     /// logged (the line has its summary figures).
     #[serde(skip)]
     pub itl: Option<Box<crate::itl::ItlHistogram>>,
+    /// The client's valid W3C `traceparent`, which the request's OTLP span continues; not
+    /// logged.
+    #[serde(skip)]
+    pub trace: Option<crate::traceparent::TraceParent>,
 }
 
 impl RequestRecord {

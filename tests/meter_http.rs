@@ -42,6 +42,8 @@ async fn serve(
     access_log: Arc<AccessLogCounters>,
 ) -> std::net::SocketAddr {
     let ctx = StatsContext {
+        fleet: None,
+        otlp: None,
         scrape: None,
         upstream: "http://127.0.0.1:8000".into(),
         bearer_token: tokenmeter::meter::StatsToken::new(token),

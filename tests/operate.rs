@@ -175,7 +175,8 @@ fn json_log_format_makes_every_process_log_line_a_json_object() {
             ])
             .stderr(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null());
-        let mut child = cmd.spawn().unwrap();
+        // Killed if an assertion below panics.
+        let mut child = ChildGuard(cmd.spawn().unwrap());
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

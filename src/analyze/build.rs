@@ -115,6 +115,7 @@ pub fn build(
         apis,
         cold_starts,
         crosscheck,
+        upstreams: Vec::new(),
     }
 }
 

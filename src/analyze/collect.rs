@@ -135,6 +135,8 @@ pub struct Pass1 {
     pub models: HashMap<String, u64>,
     /// Requests without a model.
     pub no_model: u64,
+    /// Generation requests per upstream replica named in the lines.
+    pub upstreams: BTreeMap<String, u64>,
     /// Per-second accumulation of generation requests.
     pub replay: ReplayAccumulator,
     /// TTFT by `in_flight_at_start`.
@@ -164,6 +166,7 @@ impl Default for Pass1 {
             apis: BTreeMap::new(),
             models: HashMap::new(),
             no_model: 0,
+            upstreams: BTreeMap::new(),
             replay: ReplayAccumulator::new(),
             arrivals: BTreeMap::new(),
             cold_starts: Vec::new(),
@@ -207,6 +210,14 @@ impl Pass1 {
             return Ok(());
         }
         self.generation_requests += 1;
+        if let Some(u) = r.upstream.as_deref() {
+            match self.upstreams.get_mut(u) {
+                Some(n) => *n += 1,
+                None => {
+                    self.upstreams.insert(u.to_string(), 1);
+                }
+            }
+        }
         user.generation_requests += 1;
         user.completion_tokens += r.completion_tokens.unwrap_or(0);
         if let Some(v) = r.tok_s {
@@ -465,6 +476,9 @@ impl Pass1 {
             *self.models.entry(m).or_default() += n;
         }
         self.no_model += other.no_model;
+        for (u, n) in other.upstreams {
+            *self.upstreams.entry(u).or_default() += n;
+        }
         self.replay.merge(std::mem::take(&mut other.replay));
         for (n, a) in other.arrivals {
             let mine = self.arrivals.entry(n).or_default();

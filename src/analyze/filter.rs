@@ -17,6 +17,8 @@ pub struct Filter {
     pub users: Vec<String>,
     /// Keep only these models (empty: all; a record without a model never matches a list).
     pub models: Vec<String>,
+    /// Keep only these upstream replicas (empty: all; a record without one never matches).
+    pub upstreams: Vec<String>,
 }
 
 impl Filter {
@@ -33,6 +35,14 @@ impl Filter {
                 return false;
             };
             if !self.models.iter().any(|x| x == m) {
+                return false;
+            }
+        }
+        if !self.upstreams.is_empty() {
+            let Some(u) = r.upstream.as_deref() else {
+                return false;
+            };
+            if !self.upstreams.iter().any(|x| x == u) {
                 return false;
             }
         }

@@ -50,6 +50,9 @@ pub struct AnalyzeArgs {
     /// Only this model (repeatable).
     #[arg(long)]
     pub model: Vec<String>,
+    /// Only this upstream replica, by the name in the lines' `upstream` (repeatable).
+    #[arg(long)]
+    pub upstream: Vec<String>,
     /// Shortest steady window reported, seconds.
     #[arg(long, default_value_t = 10)]
     pub steady_min_s: u64,
@@ -127,6 +130,7 @@ impl AnalyzeOptions {
                 to: bound(&args.to)?,
                 users: args.user.clone(),
                 models: args.model.clone(),
+                upstreams: args.upstream.clone(),
             },
             steady_min_s: args.steady_min_s,
             steady_tolerance_pct: args.steady_tolerance_pct,
@@ -158,7 +162,24 @@ pub fn analyze_sources(sources: &[input::Source], opts: &AnalyzeOptions) -> anyh
     let replay = std::mem::take(&mut p1.replay);
     let timeline: ReplayTimeline = replay.finish();
     let pass2 = p1.pass2()?;
-    Ok(build::build(sources, p1, &timeline, &pass2, opts))
+    // With several replicas in the lines, each gets its own capacity curve: the pipeline again
+    // over that replica's records, so its levels are its own concurrency (one more pass over
+    // the inputs per replica).
+    let names: Vec<String> = p1.upstreams.keys().cloned().collect();
+    let mut report = build::build(sources, p1, &timeline, &pass2, opts);
+    if names.len() > 1 && opts.filter.upstreams.is_empty() {
+        for name in names {
+            let mut one = opts.clone();
+            one.filter.upstreams = vec![name.clone()];
+            let r = analyze_sources(sources, &one)?;
+            report.upstreams.push(report::UpstreamCapacity {
+                upstream: name,
+                requests: r.summary.generation_requests,
+                capacity: r.capacity,
+            });
+        }
+    }
+    Ok(report)
 }
 
 /// Runs `tokenmeter analyze`.

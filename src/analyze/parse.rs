@@ -54,6 +54,8 @@ struct RawLine<'a> {
     #[serde(borrow)]
     model: Option<Str<'a>>,
     #[serde(borrow)]
+    upstream: Option<Str<'a>>,
+    #[serde(borrow)]
     path: Option<Str<'a>>,
     stream: Option<bool>,
     outcome: Option<Outcome>,
@@ -112,6 +114,8 @@ pub struct LeanRecord<'a> {
     pub user: Cow<'a, str>,
     /// The requested model.
     pub model: Option<Cow<'a, str>>,
+    /// The upstream replica that answered, when the line names one.
+    pub upstream: Option<Cow<'a, str>>,
     /// Whether the path is a generation endpoint.
     pub generation: bool,
     /// The generation API: the line's `api`, else known by the path (lines written before the
@@ -211,6 +215,7 @@ pub fn parse_line(line: &[u8]) -> Parsed<'_> {
         ts_ns,
         user: user.0,
         model: raw.model.map(|m| m.0),
+        upstream: raw.upstream.map(|m| m.0),
         generation: is_generation_path(&path.0),
         api: raw
             .api
@@ -255,6 +260,7 @@ pub fn scratch_record() -> RequestRecord {
         ts_ns: 0,
         request_id: String::new(),
         client_request_id: None,
+        upstream: None,
         user: String::new(),
         user_source: UserSource::Header,
         model: None,
@@ -295,5 +301,6 @@ pub fn scratch_record() -> RequestRecord {
         server_ttft_ms: None,
         server_mean_itl_ms: None,
         itl: None,
+        trace: None,
     }
 }

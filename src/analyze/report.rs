@@ -41,6 +41,20 @@ pub struct Report {
     /// The proxy beside vLLM's own count (from `server_sample` lines); `null` when the logs hold
     /// none, or when a user or model filter makes the proxy side a subset of the server's.
     pub crosscheck: Option<CrossCheck>,
+    /// One capacity curve per upstream replica when the lines name more than one (each rebuilt
+    /// from that replica's records alone, so N is its own concurrency); empty otherwise.
+    pub upstreams: Vec<UpstreamCapacity>,
+}
+
+/// One replica's capacity curve.
+#[derive(Debug, Clone, Serialize)]
+pub struct UpstreamCapacity {
+    /// The replica's name (`upstream` in the lines).
+    pub upstream: String,
+    /// Its generation requests.
+    pub requests: u64,
+    /// Its capacity rows, as the aggregate's.
+    pub capacity: Vec<CapacityRow>,
 }
 
 /// "Proxy window vs server window": each steady window's proxy tok/s beside vLLM's

@@ -28,6 +28,7 @@ pub fn record(
         ts_ns: start,
         request_id: format!("req-{start}"),
         client_request_id: None,
+        upstream: None,
         user: user.into(),
         user_source: UserSource::Header,
         model: Some("tiny-llama".into()),
@@ -68,6 +69,7 @@ pub fn record(
         server_ttft_ms: None,
         server_mean_itl_ms: None,
         itl: None,
+        trace: None,
     }
 }
 

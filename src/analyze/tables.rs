@@ -264,6 +264,15 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
         "Capacity (production traffic: all clean time at each level, guard after each arrival until its first token)".into(),
         grid(&PRODUCTION_HEADERS, &production_rows(&r.capacity_production)),
     ));
+    for u in &r.upstreams {
+        out.push((
+            format!(
+                "Capacity of upstream {} ({} requests; N is its own in-flight level)",
+                u.upstream, u.requests
+            ),
+            grid(&CAPACITY_HEADERS, &capacity_rows(&u.capacity)),
+        ));
+    }
     let knee = r.saturation.knee.as_ref();
     let sat: Vec<Vec<String>> = r
         .saturation

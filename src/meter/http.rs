@@ -40,9 +40,74 @@ pub struct StatsContext {
         crate::scrape::ScrapeConfig,
         Arc<crate::scrape::ScrapeCounters>,
     )>,
+    /// The upstream replicas, for the per-upstream entries and metrics; `None` leaves
+    /// `upstreams` empty.
+    pub fleet: Option<FleetStats>,
+    /// The OTLP exporter's counters, when export is on.
+    pub otlp: Option<Arc<crate::otlp::OtlpCounters>>,
     /// The clock the queries' "now" is read on: the proxy's measuring clock, so a test on a
     /// manual clock sees windows on the same timeline as its requests.
     pub time: TimeSource,
+}
+
+/// What the per-upstream part of `/stats` reads.
+#[derive(Debug, Clone)]
+pub struct FleetStats {
+    /// The replicas and their routing state.
+    pub upstreams: Arc<crate::fleet::Upstreams>,
+    /// One meter per replica, in order; empty with a single replica (the aggregate is its).
+    pub meters: Vec<MeterHandle>,
+    /// Each replica's scraper settings and counters, when scraped.
+    pub scrape: Vec<
+        Option<(
+            crate::scrape::ScrapeConfig,
+            Arc<crate::scrape::ScrapeCounters>,
+        )>,
+    >,
+}
+
+/// The per-upstream entries of `/stats` at `now`, next to the aggregate `snap`.
+async fn upstream_views(
+    fleet: &FleetStats,
+    snap: &super::snapshot::StatsSnapshot,
+    now: UnixNanos,
+    window: Option<String>,
+) -> Result<Vec<super::snapshot::UpstreamView>, SnapshotError> {
+    let mut out = Vec::new();
+    for (i, routing) in fleet.upstreams.routing_views(now).into_iter().enumerate() {
+        let (in_flight, totals, windows, capacity) = match fleet.meters.get(i) {
+            Some(m) => {
+                let q = SnapshotQuery {
+                    user: None,
+                    window: window.clone(),
+                };
+                let s = m
+                    .snapshot(now, q, &routing.url, &Default::default())
+                    .await?;
+                (s.in_flight, s.totals, s.windows, s.capacity)
+            }
+            None => (
+                snap.in_flight,
+                snap.totals,
+                snap.windows.clone(),
+                snap.capacity.clone(),
+            ),
+        };
+        let server_scrape = fleet
+            .scrape
+            .get(i)
+            .and_then(|s| s.as_ref())
+            .map(|(cfg, c)| crate::scrape::ScrapeStatus::read(cfg, c));
+        out.push(super::snapshot::UpstreamView {
+            routing,
+            in_flight,
+            totals,
+            windows,
+            capacity,
+            server_scrape,
+        });
+    }
+    Ok(out)
 }
 
 /// The stats bearer token, kept as its SHA-256 digest; replaceable while serving (SIGHUP).
@@ -195,11 +260,18 @@ async fn stats(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: Uri)
     };
     let now = state.ctx.time.unix_now();
     let ctx = &state.ctx;
-    match state
+    let window = query.window.clone();
+    let mut result = state
         .handle
         .snapshot(now, query, &ctx.upstream, &ctx.access_log)
-        .await
-    {
+        .await;
+    if let (Ok(snap), Some(fleet)) = (&mut result, &ctx.fleet) {
+        match upstream_views(fleet, snap, now, window).await {
+            Ok(v) => snap.upstreams = v,
+            Err(e) => result = Err(e),
+        }
+    }
+    match result {
         Ok(mut snap) => {
             snap.uptime_s = now.saturating_sub(ctx.started) as f64 / NANOS_PER_SEC as f64;
             snap.server_scrape = ctx
@@ -227,8 +299,15 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     if !authorized(&state, &headers) {
         return unauthorized();
     }
-    let mut text = state.handle.prometheus(state.ctx.time.unix_now()).await;
+    let now = state.ctx.time.unix_now();
+    let mut text = state.handle.prometheus(now).await;
     let ctx = &state.ctx;
+    if let Some(fleet) = &ctx.fleet {
+        crate::fleet::render_prometheus(&mut text, &fleet.upstreams, now);
+    }
+    if let Some(c) = &ctx.otlp {
+        crate::otlp::render_prometheus(&mut text, c);
+    }
     let started_s = ctx.started as f64 / NANOS_PER_SEC as f64;
     render_self(
         &mut text,

@@ -30,6 +30,6 @@ pub mod window;
 
 pub use config::MeterConfig;
 pub use engine::Meter;
-pub use http::{admin_router, stats_router, StatsContext, StatsToken};
+pub use http::{admin_router, stats_router, FleetStats, StatsContext, StatsToken};
 pub use live::{spawn_meter, spawn_meter_owned, MeterHandle, MeterThread};
 pub use snapshot::{SnapshotError, SnapshotQuery, StatsSnapshot};

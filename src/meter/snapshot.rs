@@ -133,4 +133,26 @@ pub struct StatsSnapshot {
     /// Measurement events (starts, tokens, finishes) the meter's full queue refused since start
     /// (filled by the caller): non-zero means the figures above undercount.
     pub meter_events_dropped: u64,
+    /// One entry per upstream replica, in configured order (filled by the caller).
+    pub upstreams: Vec<UpstreamView>,
+}
+
+/// One upstream replica's part of `/stats`: how the balancer sees it, and its own windows,
+/// capacity curve and cross-check (with a single upstream, the aggregate's).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UpstreamView {
+    /// Routing state and counters.
+    #[serde(flatten)]
+    pub routing: crate::fleet::RoutingView,
+    /// Generation requests in flight at this replica, as its meter counts them (from the
+    /// response head on).
+    pub in_flight: u32,
+    /// Counts since start of requests answered by this replica.
+    pub totals: Totals,
+    /// Its windows (with `server` from its own `/metrics` when scraped).
+    pub windows: Windows,
+    /// Its capacity curve.
+    pub capacity: Vec<CapacityRow>,
+    /// Its `/metrics` scraper; `null` when scraping is off.
+    pub server_scrape: Option<crate::scrape::ScrapeStatus>,
 }

@@ -99,6 +99,7 @@ impl Meter {
             },
             access_log: AccessLogView::default(),
             server_scrape: None,
+            upstreams: Vec::new(),
             meter_events_dropped: 0,
         })
     }

@@ -15,6 +15,7 @@ use crate::clock::Clock;
 use crate::config::ServeConfig;
 use crate::dialect::{Dialect, StreamUsage};
 use crate::error::ProxyError;
+use crate::fleet::{Load, Upstreams};
 use crate::fold::Fold;
 use crate::health::Health;
 use crate::proxy::body::{MeteredBody, Reading};
@@ -29,6 +30,7 @@ use crate::proxy::ProxyBody;
 use crate::record::Outcome;
 use crate::sse::SseScanner;
 use crate::tls::{ListenerTls, UpstreamConnector};
+use crate::traceparent::TraceParent;
 
 /// What every request of one proxy shares. Built once; each further serving thread takes a copy
 /// with a pool of its own ([`ProxyState::with_pool`]).
@@ -36,10 +38,8 @@ use crate::tls::{ListenerTls, UpstreamConnector};
 pub struct ProxyState {
     /// Settings.
     pub config: ServeConfig,
-    /// `http://host:port[/base]` of the upstream, without a trailing slash.
-    pub upstream_base: String,
-    /// The upstream's authority, sent as `Host`.
-    pub upstream_host: HeaderValue,
+    /// The upstream replicas and the balancer's state.
+    pub upstreams: Arc<Upstreams>,
     /// Pooled keep-alive connections to the upstream.
     pub client: Client<UpstreamConnector, Full<Bytes>>,
     /// What `client` connects with (serving threads build their own client from it).
@@ -192,6 +192,10 @@ async fn forward(
         stream: None,
         n: None,
         bytes_in: 0,
+        trace: parts
+            .headers
+            .get("traceparent")
+            .and_then(|v| TraceParent::parse(v.as_bytes())),
     };
     let mut tracker = Tracker::start(state.trackers.clone(), t0, meta.clone(), metered);
     let rid = match &meta.client_request_id {
@@ -256,15 +260,20 @@ async fn forward(
             }
         }
     }
+    let model = meta.model.clone();
     tracker.admit(meta);
 
-    let Ok(uri) = upstream_uri(state, &fwd_path, parts.uri.query()) else {
+    let path_and_query = match parts.uri.query() {
+        Some(q) => format!("{fwd_path}?{q}"),
+        None => fwd_path.clone(),
+    };
+    if upstream_uri(&state.upstreams.list()[0].base, &path_and_query).is_err() {
         return reject(
             tracker,
             ProxyError::bad_request("The request path is not valid."),
             "invalid path",
         );
-    };
+    }
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT);
@@ -272,7 +281,7 @@ async fn forward(
     if let Ok(name) = http::HeaderName::from_bytes(users.header.as_bytes()) {
         headers.remove(name);
     }
-    headers.insert(header::HOST, state.upstream_host.clone());
+    // `Host` is set per attempt: each replica gets its own authority.
     if let Some(id) = request_id {
         headers.insert(state.request_id_header.clone(), id.clone());
     }
@@ -294,24 +303,94 @@ async fn forward(
         }
     }
     // An upgraded request may have to be sent again as the client wrote it: keep its head.
-    let upgraded = upgraded.map(|(fold, dialect)| {
-        (
-            fold,
-            dialect,
-            parts.method.clone(),
-            uri.clone(),
-            parts.headers.clone(),
-        )
-    });
-    let mut up = Request::new(Full::new(upstream_body));
-    *up.method_mut() = parts.method;
-    *up.uri_mut() = uri;
-    *up.headers_mut() = std::mem::take(&mut parts.headers);
-    let mut resp = match send(state, up).await {
-        Ok(r) => r,
-        Err((err, outcome, why)) => return respond_error(tracker, err, outcome, why),
+    let upgraded = upgraded
+        .map(|(fold, dialect)| (fold, dialect, parts.method.clone(), parts.headers.clone()));
+    // Where the last attempt went: its URI, `Host` and replica (a fallback resend goes there).
+    let mut last_target: Option<(Uri, HeaderValue, usize)>;
+    let ups = &state.upstreams;
+    let several = ups.list().len() > 1;
+    let mut load = ups.pick(model.as_deref(), None, Clock::global().now());
+    let mut retried = false;
+    let headers_timeout = std::time::Duration::from_millis(cfg.timeouts.upstream_headers_ms);
+    let resp = loop {
+        let Some(l) = load.take() else {
+            // Only reachable on a retry with no healthy replica left; the first pick always
+            // finds one (there is at least one upstream).
+            return respond_error(
+                tracker,
+                ProxyError::bad_gateway("no upstream available"),
+                Outcome::ProxyError,
+                "no upstream available",
+            );
+        };
+        let index = l.index;
+        let Ok(uri) = upstream_uri(&l.upstream.base, &path_and_query) else {
+            return reject(
+                tracker,
+                ProxyError::bad_request("The request path is not valid."),
+                "invalid path",
+            );
+        };
+        let mut up = Request::new(Full::new(upstream_body.clone()));
+        *up.method_mut() = parts.method.clone();
+        last_target = Some((uri.clone(), l.upstream.host.clone(), index));
+        *up.uri_mut() = uri;
+        // A retry needs the headers again; with one replica there is no retry to keep them for.
+        *up.headers_mut() = if several && !retried {
+            parts.headers.clone()
+        } else {
+            std::mem::take(&mut parts.headers)
+        };
+        up.headers_mut()
+            .insert(header::HOST, l.upstream.host.clone());
+        tracker.route(l);
+        match tokio::time::timeout(headers_timeout, state.client.request(up)).await {
+            Ok(Ok(r)) if r.status().is_server_error() => {
+                state.health.upstream_answered(index);
+                load = failed_attempt(ups, index, model.as_deref(), &mut retried);
+                if load.is_some() {
+                    continue;
+                }
+                break r;
+            }
+            Ok(Ok(r)) => {
+                state.health.upstream_answered(index);
+                ups.succeeded(index);
+                break r;
+            }
+            Ok(Err(e)) => {
+                if e.is_connect() {
+                    state.health.upstream_failed(index, Clock::global().now());
+                }
+                let (err, outcome, why) = classify_client_error(&e);
+                load = failed_attempt(ups, index, model.as_deref(), &mut retried);
+                if load.is_some() {
+                    continue;
+                }
+                let now = tracker.now();
+                tracker.commit_upstream(now);
+                return respond_error(tracker, err, outcome, why);
+            }
+            Err(_) => {
+                // A slow head is not a failing replica (a long non-streamed generation sends
+                // its head at the end): no ejection, no retry.
+                let now = tracker.now();
+                tracker.commit_upstream(now);
+                return respond_error(
+                    tracker,
+                    ProxyError::gateway_timeout("no response headers"),
+                    Outcome::Timeout,
+                    "upstream response headers timeout",
+                );
+            }
+        }
     };
-    if let Some((mut fold, dialect, method, uri, headers)) = upgraded {
+    let now = tracker.now();
+    tracker.commit_upstream(now);
+    let mut resp = resp;
+    if let (Some((mut fold, dialect, method, headers)), Some((uri, host, index))) =
+        (upgraded, last_target)
+    {
         // vLLM's errors before the stream starts (400, 404 JSON) pass through as they are.
         if resp.status() == StatusCode::OK
             && content_type_starts(resp.headers(), "text/event-stream")
@@ -337,7 +416,8 @@ async fn forward(
                     *again.method_mut() = method;
                     *again.uri_mut() = uri;
                     *again.headers_mut() = headers;
-                    resp = match send(state, again).await {
+                    again.headers_mut().insert(header::HOST, host);
+                    resp = match send(state, again, index).await {
                         Ok(r) => r,
                         Err((err, outcome, why)) => {
                             return respond_error(tracker, err, outcome, why)
@@ -394,21 +474,45 @@ fn reading(
     }
 }
 
-/// Sends `up` and waits for the response headers, within `upstream_headers_ms`.
+/// Records a failed attempt on replica `index` (refused, lost before the head, or 5xx: nothing
+/// reached the client) and, for a first attempt, picks another replica to retry on.
+fn failed_attempt(
+    ups: &Upstreams,
+    index: usize,
+    model: Option<&str>,
+    retried: &mut bool,
+) -> Option<Load> {
+    let now = Clock::global().now();
+    ups.failed(index, now);
+    if *retried || ups.list().len() < 2 {
+        return None;
+    }
+    let next = ups.pick(model, Some(index), now)?;
+    ups.list()[index]
+        .counters
+        .retried_away
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    *retried = true;
+    Some(next)
+}
+
+/// Sends `up` to replica `index` and waits for the response headers, within
+/// `upstream_headers_ms`.
 async fn send(
     state: &ProxyState,
     up: Request<Full<Bytes>>,
+    index: usize,
 ) -> Result<Response<Incoming>, (ProxyError, Outcome, &'static str)> {
     let headers_timeout =
         std::time::Duration::from_millis(state.config.timeouts.upstream_headers_ms);
     match tokio::time::timeout(headers_timeout, state.client.request(up)).await {
         Ok(Ok(r)) => {
-            state.health.upstream_answered();
+            state.health.upstream_answered(index);
             Ok(r)
         }
         Ok(Err(e)) => {
             if e.is_connect() {
-                state.health.upstream_failed(Clock::global().now());
+                state.health.upstream_failed(index, Clock::global().now());
             }
             Err(classify_client_error(&e))
         }
@@ -426,16 +530,10 @@ fn content_type_starts(h: &http::HeaderMap, prefix: &str) -> bool {
         .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(prefix))
 }
 
-fn upstream_uri(state: &ProxyState, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
-    let mut s = String::with_capacity(
-        state.upstream_base.len() + path.len() + query.map_or(0, |q| q.len() + 1),
-    );
-    s.push_str(&state.upstream_base);
-    s.push_str(path);
-    if let Some(q) = query {
-        s.push('?');
-        s.push_str(q);
-    }
+fn upstream_uri(base: &str, path_and_query: &str) -> Result<Uri, http::Error> {
+    let mut s = String::with_capacity(base.len() + path_and_query.len());
+    s.push_str(base);
+    s.push_str(path_and_query);
     Ok(Uri::try_from(s)?)
 }
 

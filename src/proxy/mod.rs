@@ -38,9 +38,11 @@ pub use tracker::{InFlight, RequestMeta, Tracker, TrackerShared};
 use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
 use crate::clock::{Clock, TimeSource};
 use crate::config::ServeConfig;
+use crate::fleet::Upstreams;
 use crate::health::Health;
 use crate::meter::{
-    admin_router, spawn_meter_owned, stats_router, MeterHandle, MeterThread, StatsContext,
+    admin_router, spawn_meter_owned, stats_router, FleetStats, MeterHandle, MeterThread,
+    StatsContext,
 };
 use crate::observe::Observer;
 use crate::scrape::{spawn_scraper, SampleSink, ScrapeConfig, ScrapeCounters};
@@ -116,6 +118,8 @@ pub struct ProxyHandle {
     admin_stop: Option<(oneshot::Sender<()>, std::thread::JoinHandle<()>)>,
     /// The one owner of the meter thread, stopped and joined last at shutdown.
     meter_thread: Option<MeterThread>,
+    /// The replicas' meter threads (several upstreams), stopped and joined with it.
+    upstream_meter_threads: Vec<MeterThread>,
     shutdown: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
     log: Option<Arc<AccessLogWriter>>,
@@ -189,6 +193,9 @@ impl ProxyHandle {
         if let Some(meter) = self.meter_thread.take() {
             meter.stop(THREAD_JOIN_WAIT).await;
         }
+        for meter in std::mem::take(&mut self.upstream_meter_threads) {
+            meter.stop(THREAD_JOIN_WAIT).await;
+        }
     }
 }
 
@@ -233,7 +240,11 @@ pub async fn spawn_with_time(
         &config.upstream_tls,
         Duration::from_millis(config.timeouts.connect_ms),
     )?;
-    let health = Arc::new(Health::new(config.readiness_upstream_failure_s));
+    let resolved = config.resolved_upstreams()?;
+    let health = Arc::new(Health::with_upstreams(
+        config.readiness_upstream_failure_s,
+        resolved.len(),
+    ));
     let stats_token =
         crate::meter::StatsToken::new(config.stats_token.as_ref().map(|s| s.0.as_str()));
     let users = Arc::new(reload::LiveUsers::new(config.users.clone()));
@@ -245,29 +256,64 @@ pub async fn spawn_with_time(
     );
     let (meter, meter_thread) = spawn_meter_owned(config.meter.clone());
     observers.push(Arc::new(meter.clone()));
+    let otlp = match config.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
+        Some(endpoint) => {
+            let interval = Duration::from_millis(config.otlp_export_interval_ms);
+            let export = crate::otlp::OtlpExport::start(endpoint, interval, config.otlp_traces)
+                .with_context(|| format!("otlp_endpoint {endpoint}"))?;
+            observers.push(export.clone());
+            Some(export)
+        }
+        None => None,
+    };
+    let upstreams = Arc::new(Upstreams::new(&resolved, &config.routing)?);
+    // With one replica the aggregate meter is that replica's; with several each gets a meter of
+    // its own (windows, capacity curve, cross-check) beside the aggregate.
+    let several = resolved.len() > 1;
+    let (upstream_meters, upstream_meter_threads): (Vec<MeterHandle>, Vec<MeterThread>) = if several
+    {
+        resolved
+            .iter()
+            .map(|_| spawn_meter_owned(config.meter.clone()))
+            .unzip()
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let mut background = Vec::new();
     let mut scrape = None;
-    if let Some(url) = config.metrics_uri()? {
-        let cfg = ScrapeConfig::new(url, config.metrics_scrape_interval_s);
-        meter.enable_server_crosscheck(config.disagreement_threshold_pct);
-        scrape = Some((cfg, Arc::new(ScrapeCounters::default())));
+    let mut per_upstream_scrape = Vec::new();
+    for u in &resolved {
+        per_upstream_scrape.push(u.metrics.clone().map(|url| {
+            let cfg = ScrapeConfig::new(url, config.metrics_scrape_interval_s);
+            (cfg, Arc::new(ScrapeCounters::default()))
+        }));
+    }
+    if !several {
+        scrape = per_upstream_scrape[0].clone();
+    }
+    // With one replica there is nothing to choose: its model list is never read.
+    if several && config.routing.models_refresh_s > 0.0 {
+        background.push(crate::fleet::models::spawn_model_refresh(
+            upstreams.clone(),
+            connector.clone(),
+            Duration::from_secs_f64(config.routing.models_refresh_s),
+        ));
     }
     let stats_ctx = StatsContext {
-        upstream: config.upstream.clone(),
+        upstream: config.upstream_label(),
         bearer_token: stats_token.clone(),
         health: health.clone(),
         access_log: counters.clone(),
         started: Clock::global().now(),
-        scrape: scrape.clone(),
+        scrape,
+        otlp: otlp.as_ref().map(|o| o.counters().clone()),
+        fleet: Some(FleetStats {
+            upstreams: upstreams.clone(),
+            meters: upstream_meters.clone(),
+            scrape: per_upstream_scrape.clone(),
+        }),
         time: time.clone(),
     };
-    let upstream = config.upstream_uri()?;
-    let authority = upstream
-        .authority()
-        .context("upstream has no host")?
-        .clone();
-    let base_path = upstream.path().trim_end_matches('/');
-    let scheme = upstream.scheme_str().unwrap_or("http");
-    let upstream_base = format!("{scheme}://{authority}{base_path}");
     let mut admin_addr = None;
     let mut admin_stop = None;
     let main_stats;
@@ -283,25 +329,38 @@ pub async fn spawn_with_time(
     } else {
         main_stats = Some(stats_router(meter.clone(), stats_ctx));
     }
-    let trackers = Arc::new(
-        TrackerShared::new(
-            observers,
-            Duration::from_secs(config.meter.cold_start_idle_s),
-        )
-        .with_time_source(time),
-    );
-    let scraper = scrape.map(|(cfg, counters)| {
-        let m = meter.clone();
+    let mut trackers = TrackerShared::new(
+        observers,
+        Duration::from_secs(config.meter.cold_start_idle_s),
+    )
+    .with_time_source(time);
+    trackers.per_upstream = upstream_meters
+        .iter()
+        .map(|m| Arc::new(m.clone()) as Arc<dyn Observer>)
+        .collect();
+    let trackers = Arc::new(trackers);
+    for (i, target) in per_upstream_scrape.into_iter().enumerate() {
+        let Some((cfg, counters)) = target else {
+            continue;
+        };
+        let m = upstream_meters.get(i).unwrap_or(&meter).clone();
+        m.enable_server_crosscheck(config.disagreement_threshold_pct);
         let mut sinks: Vec<SampleSink> = vec![Box::new(move |s| m.server_sample(s.clone()))];
-        if let Some(log) = log_sink {
+        // Samples of several replicas in one log would mix in `analyze`'s cross-check.
+        if let (Some(log), false) = (log_sink.clone(), several) {
             sinks.push(Box::new(move |s| log.server_sample(Arc::new(s.clone()))));
         }
-        let t = trackers.clone();
-        spawn_scraper(cfg, move || t.in_flight.current(), sinks, counters)
-    });
+        let in_flight: Box<dyn Fn() -> u64 + Send + Sync> = if several {
+            let u = upstreams.list()[i].clone();
+            Box::new(move || u.in_flight())
+        } else {
+            let t = trackers.clone();
+            Box::new(move || t.in_flight.current())
+        };
+        background.push(spawn_scraper(cfg, in_flight, sinks, counters));
+    }
     let state = Arc::new(ProxyState {
-        upstream_host: http::HeaderValue::from_str(authority.as_str())?,
-        upstream_base,
+        upstreams,
         client: upstream_client(&config, connector.clone()),
         connector,
         health,
@@ -330,13 +389,17 @@ pub async fn spawn_with_time(
         serving,
         state.clone(),
         log.clone(),
-        scraper,
+        Background {
+            tasks: background,
+            otlp,
+        },
     ));
     Ok(ProxyHandle {
         addr,
         admin_addr,
         admin_stop,
         meter_thread: Some(meter_thread),
+        upstream_meter_threads,
         shutdown: Some(tx),
         task,
         log,
@@ -570,6 +633,14 @@ fn connection_builder(cfg: &ServeConfig) -> http1::Builder {
     builder
 }
 
+/// What runs beside the serving threads and stops with them.
+struct Background {
+    /// Scrapers and the model refresh: aborted when shutdown starts.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The OTLP exporter: flushed once every request has finished.
+    otlp: Option<Arc<crate::otlp::OtlpExport>>,
+}
+
 /// Accepts connections and hands them to the serving threads in turn (an even spread: with a
 /// listener shared by the threads, a burst of keep-alive connections could land mostly on one);
 /// at shutdown stops accepting, lets the threads drain, and closes the log.
@@ -580,7 +651,7 @@ async fn accept_loop(
     mut serving: Vec<ServingThread>,
     state: Arc<ProxyState>,
     log: Option<Arc<AccessLogWriter>>,
-    scraper: Option<tokio::task::JoinHandle<()>>,
+    background: Background,
 ) {
     let mut next = 0usize;
     loop {
@@ -622,8 +693,8 @@ async fn accept_loop(
     }
     drop(listener);
     // No more samples once shutdown starts: the log is about to close.
-    if let Some(s) = scraper {
-        s.abort();
+    for task in background.tasks {
+        task.abort();
     }
     tracing::info!(
         in_flight = state.trackers.in_flight.current(),
@@ -636,6 +707,10 @@ async fn accept_loop(
         let _ = t.done.await;
         // It has sent `done` as its last act, so this returns at once.
         let _ = t.thread.join();
+    }
+    if let Some(o) = background.otlp {
+        // Records every finished request, then one last export (blocking: off the runtime).
+        let _ = tokio::task::spawn_blocking(move || o.shutdown()).await;
     }
     if let Some(log) = log {
         log.close().await;

@@ -1,7 +1,9 @@
 //! SIGHUP reload, as nginx does it: the settings that can change under live traffic are swapped
 //! (API keys, `require_known_key`, the stats token, the TLS certificates); anything else that
 //! changed is named as needing a restart and keeps its running value. Requests in flight keep
-//! the settings they started with, so no stream is cut.
+//! the settings they started with, so no stream is cut. The upstream list (`upstream`,
+//! `upstreams`) and `routing` are among those needing a restart: each replica's meter, scraper,
+//! health slot and routing counters are built at start, and the running list keeps serving.
 
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -190,5 +192,32 @@ mod tests {
         let again = r.apply(&new);
         assert!(again.applied.is_empty(), "{again:?}");
         assert_eq!(again.need_restart.len(), 2);
+    }
+
+    #[test]
+    fn the_upstream_list_and_routing_need_a_restart() {
+        let old = ServeConfig::default();
+        let users = Arc::new(LiveUsers::new(old.users.clone()));
+        let r = Reloader::new(old.clone(), users, StatsToken::new(None), None);
+        let mut new = old.clone();
+        new.upstreams = vec![
+            crate::fleet::settings::UpstreamConfig {
+                name: "a".into(),
+                url: "http://127.0.0.1:9001".into(),
+                metrics_url: None,
+            },
+            crate::fleet::settings::UpstreamConfig {
+                name: "b".into(),
+                url: "http://127.0.0.1:9002".into(),
+                metrics_url: None,
+            },
+        ];
+        new.routing.eject_max_ms = 5_000;
+        let report = r.apply(&new);
+        assert!(report.applied.is_empty(), "{report:?}");
+        assert_eq!(
+            report.need_restart,
+            vec!["routing.eject_max_ms", "upstreams"]
+        );
     }
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::{format_rfc3339_micros, Clock, TimeSource, UnixNanos, NANOS_PER_SEC};
 use crate::dialect::{Api, EventSummary};
+use crate::fleet::Load;
 use crate::itl::ItlHistogram;
 use crate::observe::Observer;
 use crate::openai::ServerTimings;
@@ -60,6 +61,9 @@ impl InFlight {
 pub struct TrackerShared {
     /// Receivers of measurements.
     pub observers: Vec<Arc<dyn Observer>>,
+    /// Receivers of one upstream's measurements, by upstream index (empty with one upstream:
+    /// the aggregate is that upstream's).
+    pub per_upstream: Vec<Arc<dyn Observer>>,
     /// In-flight generation requests.
     pub in_flight: InFlight,
     next_id: AtomicU64,
@@ -74,6 +78,7 @@ impl TrackerShared {
         let id_prefix = (Clock::global().now() / NANOS_PER_SEC) as u32;
         TrackerShared {
             observers,
+            per_upstream: Vec::new(),
             in_flight: InFlight::new(cold_start_idle),
             next_id: AtomicU64::new(1),
             id_prefix,
@@ -121,6 +126,8 @@ pub struct RequestMeta {
     pub n: Option<u32>,
     /// Request body bytes.
     pub bytes_in: u64,
+    /// The client's valid W3C `traceparent` header.
+    pub trace: Option<crate::traceparent::TraceParent>,
 }
 
 /// Measurement state of one request.
@@ -156,6 +163,10 @@ pub struct Tracker {
     error_event: bool,
     server: Option<ServerTimings>,
     bytes_out: u64,
+    /// The replica this request is routed to, and its hold on that replica's load.
+    upstream: Option<Load>,
+    /// Whether the replica's own observer heard of the start.
+    upstream_announced: bool,
     /// Set when a non-streamed request was answered from an upstream stream.
     ttft_source: Option<&'static str>,
     /// Why a non-streamed request was not upgraded, or fell back to pass-through.
@@ -207,10 +218,48 @@ impl Tracker {
             error_event: false,
             server: None,
             bytes_out: 0,
+            upstream: None,
+            upstream_announced: false,
             ttft_source: None,
             ttft_fallback: None,
             done: false,
         }
+    }
+
+    /// The request is being sent to `load`'s replica (replacing an earlier failed attempt's).
+    pub fn route(&mut self, load: Load) {
+        self.upstream = Some(load);
+    }
+
+    /// The replica is final (a response head arrived, or the last attempt failed): its own
+    /// observer hears of the start now.
+    pub fn commit_upstream(&mut self, now: Instant) {
+        if !self.metered || !self.announced || self.upstream_announced {
+            return;
+        }
+        let Some(o) = self
+            .upstream
+            .as_ref()
+            .and_then(|l| self.shared.per_upstream.get(l.index))
+        else {
+            return;
+        };
+        self.upstream_announced = true;
+        o.started(
+            self.id,
+            Clock::global().at(now),
+            &self.meta.user,
+            self.meta.model.as_ref(),
+        );
+    }
+
+    /// The observer of the replica this request is committed to, if any.
+    #[inline]
+    fn upstream_observer(&self) -> Option<&Arc<dyn Observer>> {
+        if !self.upstream_announced {
+            return None;
+        }
+        self.shared.per_upstream.get(self.upstream.as_ref()?.index)
     }
 
     /// The request was read and will be forwarded: its final identity, and observers hear of it.
@@ -324,6 +373,9 @@ impl Tracker {
                 for o in &self.shared.observers {
                     o.tokens(self.id, now_ns, delta);
                 }
+                if let Some(o) = self.upstream_observer() {
+                    o.tokens(self.id, now_ns, delta);
+                }
             }
         }
     }
@@ -403,6 +455,13 @@ impl Tracker {
         for o in &self.shared.observers {
             o.finished(self.id, now_ns, &record, self.announced);
         }
+        if let Some(load) = self.upstream.take() {
+            load.upstream
+                .count_finished(outcome, record.prompt_tokens, record.completion_tokens);
+            if let Some(o) = self.shared.per_upstream.get(load.index) {
+                o.finished(self.id, now_ns, &record, self.upstream_announced);
+            }
+        }
     }
 
     fn ms(&self, t: Option<Instant>) -> Option<f64> {
@@ -427,6 +486,7 @@ impl Tracker {
             ts_ns: self.t0_ns,
             request_id: self.request_id(),
             client_request_id: self.meta.client_request_id.clone(),
+            upstream: self.upstream.as_ref().map(|l| l.upstream.name.to_string()),
             user: self.meta.user.to_string(),
             user_source: self.meta.user_source,
             model: self.meta.model.as_deref().map(str::to_string),
@@ -467,6 +527,7 @@ impl Tracker {
             server_ttft_ms: self.server.and_then(|s| s.time_to_first_token_ms),
             server_mean_itl_ms: self.server.and_then(|s| s.mean_itl_ms),
             itl,
+            trace: self.meta.trace,
         }
     }
 }

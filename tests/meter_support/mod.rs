@@ -26,6 +26,7 @@ pub fn record(
     let rates = DerivedRates::compute(ttft_ms, Some(e2e_ms), completion);
     RequestRecord {
         request_id: "r".into(),
+        upstream: None,
         prompt_tokens: prompt,
         completion_tokens: completion,
         tpot_ms: rates.tpot_ms,

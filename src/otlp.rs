@@ -1,0 +1,304 @@
+//! Opt-in OTLP/HTTP (protobuf) export of the OpenTelemetry GenAI semantic-convention metrics,
+//! and with `otlp_traces` one span per generation request ([`traces`]).
+//!
+//! The data path only offers each finished generation record to a bounded queue (`try_send`: a
+//! full queue drops the record and counts it). A thread of its own records the instruments; the
+//! SDK's periodic reader exports them on its own thread every `otlp_export_interval_ms`, over a
+//! small blocking HTTP/1.1 client, so a slow or down collector never reaches a request. A failed
+//! export is counted; the SDK keeps cumulative sums, so the next export that gets through carries
+//! what the failed one had.
+
+pub mod traces;
+pub mod transport;
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use opentelemetry::metrics::{Histogram, MeterProvider as _};
+use opentelemetry::KeyValue;
+use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+
+use crate::clock::UnixNanos;
+use crate::observe::Observer;
+use crate::otlp::traces::{SpanMaker, SpanQueue};
+pub use crate::otlp::transport::OtlpCounters;
+use crate::otlp::transport::{BlockingHttp, Signal};
+use crate::record::RequestRecord;
+
+/// Records queued for the recording thread before new ones are dropped (and counted).
+pub const QUEUE: usize = 65_536;
+
+/// Bucket boundaries the conventions recommend for `gen_ai.client.token.usage`.
+const TOKEN_BUCKETS: [f64; 14] = [
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
+];
+/// ... for `gen_ai.client.operation.duration`, seconds.
+const DURATION_BUCKETS: [f64; 14] = [
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+];
+/// ... for `gen_ai.server.time_to_first_token`, seconds.
+const TTFT_BUCKETS: [f64; 16] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+/// ... for `gen_ai.server.time_per_output_token`, seconds.
+const TPOT_BUCKETS: [f64; 13] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+];
+
+/// The GenAI operation name of a generation request.
+fn operation(r: &RequestRecord) -> &'static str {
+    if r.path.ends_with("/chat/completions") {
+        "chat"
+    } else {
+        "text_completion"
+    }
+}
+
+/// The GenAI instruments.
+struct Instruments {
+    token_usage: Histogram<u64>,
+    duration: Histogram<f64>,
+    ttft: Histogram<f64>,
+    tpot: Histogram<f64>,
+}
+
+impl Instruments {
+    fn new(provider: &SdkMeterProvider) -> Self {
+        let meter = provider.meter("tokenmeter");
+        Instruments {
+            token_usage: meter
+                .u64_histogram("gen_ai.client.token.usage")
+                .with_unit("{token}")
+                .with_description("Number of input and output tokens used.")
+                .with_boundaries(TOKEN_BUCKETS.to_vec())
+                .build(),
+            duration: meter
+                .f64_histogram("gen_ai.client.operation.duration")
+                .with_unit("s")
+                .with_description("GenAI operation duration (arrival to the last byte).")
+                .with_boundaries(DURATION_BUCKETS.to_vec())
+                .build(),
+            ttft: meter
+                .f64_histogram("gen_ai.server.time_to_first_token")
+                .with_unit("s")
+                .with_description("Time to generate first token for successful responses.")
+                .with_boundaries(TTFT_BUCKETS.to_vec())
+                .build(),
+            tpot: meter
+                .f64_histogram("gen_ai.server.time_per_output_token")
+                .with_unit("s")
+                .with_description(
+                    "Time per output token generated after the first token for successful responses.",
+                )
+                .with_boundaries(TPOT_BUCKETS.to_vec())
+                .build(),
+        }
+    }
+
+    /// Records one finished generation request (the same figures as its access-log line).
+    fn record(&self, r: &RequestRecord) {
+        let operation = operation(r);
+        let mut attrs = vec![
+            KeyValue::new("gen_ai.operation.name", operation),
+            KeyValue::new("gen_ai.provider.name", "vllm"),
+        ];
+        if let Some(m) = &r.model {
+            attrs.push(KeyValue::new("gen_ai.request.model", m.clone()));
+        }
+        if let Some(u) = &r.upstream {
+            attrs.push(KeyValue::new("tokenmeter.upstream", u.clone()));
+        }
+        let ok = !r.outcome.is_error();
+        let mut with_error = attrs.clone();
+        if !ok {
+            with_error.push(KeyValue::new("error.type", r.outcome.as_str()));
+        }
+        if let Some(e2e) = r.e2e_ms {
+            self.duration.record(e2e / 1e3, &with_error);
+        }
+        for (kind, n) in [("input", r.prompt_tokens), ("output", r.completion_tokens)] {
+            if let Some(n) = n {
+                let mut a = attrs.clone();
+                a.push(KeyValue::new("gen_ai.token.type", kind));
+                self.token_usage.record(n, &a);
+            }
+        }
+        if ok {
+            if let Some(t) = r.ttft_ms {
+                self.ttft.record(t / 1e3, &attrs);
+            }
+            if let Some(t) = r.tpot_ms {
+                self.tpot.record(t / 1e3, &attrs);
+            }
+        }
+    }
+}
+
+/// A running exporter: the queue's sending side and the recording thread.
+#[derive(Debug)]
+pub struct OtlpExport {
+    tx: Mutex<Option<SyncSender<Arc<RequestRecord>>>>,
+    counters: Arc<OtlpCounters>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl OtlpExport {
+    /// Starts exporting to `endpoint` (an `http://host:port[/base]` OTLP/HTTP receiver; metrics
+    /// go to `<endpoint>/v1/metrics`, spans with `traces` to `<endpoint>/v1/traces`) every
+    /// `interval`.
+    pub fn start(
+        endpoint: &str,
+        interval: Duration,
+        traces: bool,
+    ) -> anyhow::Result<Arc<OtlpExport>> {
+        let counters = Arc::new(OtlpCounters::default());
+        let url = format!("{}/v1/metrics", endpoint.trim_end_matches('/'));
+        let client = BlockingHttp {
+            timeout: interval.clamp(Duration::from_millis(100), Duration::from_secs(10)),
+            counters: counters.clone(),
+            signal: Signal::Metrics,
+        };
+        let exporter = MetricExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(url)
+            .with_http_client(client)
+            .build()?;
+        let reader = PeriodicReader::builder(exporter)
+            .with_interval(interval)
+            .build();
+        let provider = SdkMeterProvider::builder().with_reader(reader).build();
+        let spans = if traces {
+            Some(SpanQueue::start(endpoint, interval, counters.clone())?)
+        } else {
+            None
+        };
+        let (tx, rx) = sync_channel::<Arc<RequestRecord>>(QUEUE);
+        let recorded = counters.clone();
+        let thread = std::thread::Builder::new()
+            .name("tokenmeter-otlp".into())
+            .spawn(move || {
+                let instruments = Instruments::new(&provider);
+                let (queue, span_thread) = spans.unzip();
+                let mut maker = queue.as_ref().map(|_| SpanMaker::new());
+                while let Ok(r) = rx.recv() {
+                    instruments.record(&r);
+                    if let (Some(q), Some(m)) = (&queue, &mut maker) {
+                        if let Some(span) = m.span(&r, operation(&r)) {
+                            q.offer(span);
+                        }
+                    }
+                    recorded.recorded.fetch_add(1, Ordering::Relaxed);
+                }
+                // The queue closed (shutdown): the spans left go out, then one last export of
+                // every metric recorded.
+                drop(queue);
+                if let Some(t) = span_thread {
+                    let _ = t.join();
+                }
+                let _ = provider.shutdown();
+            })?;
+        Ok(Arc::new(OtlpExport {
+            tx: Mutex::new(Some(tx)),
+            counters,
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    /// The export counters.
+    pub fn counters(&self) -> &Arc<OtlpCounters> {
+        &self.counters
+    }
+
+    /// Closes the queue, records what is left, exports once more and waits for it (blocking).
+    pub fn shutdown(&self) {
+        if let Ok(mut tx) = self.tx.lock() {
+            tx.take();
+        }
+        let handle = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+
+    fn offer(&self, record: &Arc<RequestRecord>) {
+        // The lock is only contended at shutdown; a poisoned or closed queue counts as a drop.
+        let sent = match self.tx.lock() {
+            Ok(tx) => match tx.as_ref() {
+                Some(tx) => !matches!(
+                    tx.try_send(record.clone()),
+                    Err(TrySendError::Full(_) | TrySendError::Disconnected(_))
+                ),
+                None => false,
+            },
+            Err(_) => false,
+        };
+        if !sent {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Observer for OtlpExport {
+    fn started(&self, _: u64, _: UnixNanos, _: &Arc<str>, _: Option<&Arc<str>>) {}
+
+    fn tokens(&self, _: u64, _: UnixNanos, _: u64) {}
+
+    fn finished(&self, _: u64, _: UnixNanos, record: &Arc<RequestRecord>, _metered: bool) {
+        if record.is_generation() {
+            self.offer(record);
+        }
+    }
+}
+
+/// Appends the export counters to a Prometheus exposition.
+pub fn render_prometheus(out: &mut String, c: &OtlpCounters) {
+    use std::fmt::Write;
+    for (name, help, v) in [
+        (
+            "tokenmeter_otlp_dropped_total",
+            "Records not exported because the OTLP queue was full.",
+            &c.dropped,
+        ),
+        (
+            "tokenmeter_otlp_exports_total",
+            "OTLP metrics export requests the collector accepted.",
+            &c.exports_ok,
+        ),
+        (
+            "tokenmeter_otlp_export_failures_total",
+            "OTLP metrics export requests that failed (connection, timeout, non-2xx).",
+            &c.export_failures,
+        ),
+        (
+            "tokenmeter_otlp_spans_exported_total",
+            "Spans in OTLP trace export requests the collector accepted.",
+            &c.spans_exported,
+        ),
+        (
+            "tokenmeter_otlp_spans_dropped_total",
+            "Spans lost: the span queue was full or their export request failed.",
+            &c.spans_dropped,
+        ),
+        (
+            "tokenmeter_otlp_span_exports_total",
+            "OTLP trace export requests the collector accepted.",
+            &c.span_exports_ok,
+        ),
+        (
+            "tokenmeter_otlp_span_export_failures_total",
+            "OTLP trace export requests that failed (connection, timeout, non-2xx).",
+            &c.span_export_failures,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+            v.load(Ordering::Relaxed)
+        );
+    }
+}
