@@ -433,3 +433,36 @@ async fn one_span_per_request_with_genai_attributes_ttft_event_and_the_callers_t
     assert_eq!(continued, 4, "requests 0..4 continue the caller's trace");
     up.shutdown().await;
 }
+
+/// A collector that accepts and never answers (export timeout 10 s at the default interval)
+/// cannot hold up shutdown past the bounded wait every join at shutdown gets (2 s), and the
+/// access log is still closed complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_never_answers_does_not_hold_up_shutdown() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    // Holds every connection open and reads nothing back.
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let up = sim().await;
+    let proxy = TestProxy::start(&format!("http://{}", up.addr()), |c| {
+        c.otlp_endpoint = Some(format!("http://{silent_addr}"));
+        c.otlp_export_interval_ms = 10_000;
+        c.otlp_traces = true;
+    })
+    .await;
+    for i in 0..3 {
+        send(proxy.addr, i).await;
+    }
+    let t = std::time::Instant::now();
+    let lines = proxy.finish().await;
+    let took = t.elapsed();
+    assert_eq!(lines.len(), 3);
+    assert!(took < Duration::from_secs(4), "shutdown took {took:?}");
+    holder.abort();
+    up.shutdown().await;
+}
