@@ -97,6 +97,7 @@ fn meta(user: &str) -> RequestMeta {
         stream: Some(true),
         n: None,
         bytes_in: BODY.len() as u64,
+        trace: None,
     }
 }
 

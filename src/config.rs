@@ -131,6 +131,8 @@ pub struct ServeConfig {
     pub otlp_endpoint: Option<String>,
     /// Milliseconds between two OTLP exports.
     pub otlp_export_interval_ms: u64,
+    /// Also export one OTLP span per generation request to `<otlp_endpoint>/v1/traces`.
+    pub otlp_traces: bool,
 }
 
 impl Default for ServeConfig {
@@ -167,6 +169,7 @@ impl Default for ServeConfig {
             disagreement_threshold_pct: 5.0,
             otlp_endpoint: None,
             otlp_export_interval_ms: 10_000,
+            otlp_traces: false,
         }
     }
 }

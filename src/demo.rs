@@ -1,23 +1,47 @@
 //! `tokenmeter demo`: the simulator and the proxy in one process, with optional synthetic agents,
 //! so a newcomer sees tokenmeter measure something with one command and no GPU.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
-use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 use crate::config::ServeConfig;
-use crate::load::Api;
+use crate::load::agents::{start_traffic, Traffic};
+use crate::load::{api::MIX, AgentSpec, Api, Arrivals, ChatSpec, HttpClient};
 use crate::sim::SimConfig;
 
-/// The APIs the synthetic agents speak, by agent index: a team whose agents differ (a chat client,
-/// a Codex-style Responses agent, a Claude-Code-style Messages agent, a completions tool).
-const AGENT_APIS: [Api; 4] = [Api::Chat, Api::Responses, Api::Messages, Api::Completions];
+/// The synthetic agents' traffic: `load --agents N --api mix --stream-share 0.7` with `load`'s
+/// default shape (think 200..3000 ms, prompts of 10..2000 words, 20..300 output tokens). Agent i
+/// speaks the (i mod 4)-th API of [`MIX`], so a team of four has a chat client, a Codex-style
+/// Responses agent, a Claude-Code-style Messages agent and a completions tool.
+fn demo_agents() -> AgentSpec {
+    AgentSpec {
+        apis: MIX.to_vec(),
+        stream_share: 0.7,
+        ..AgentSpec::default()
+    }
+}
+
+/// Starts `n` synthetic agents against the proxy at `base`; their results are dropped (the
+/// proxy measures them).
+fn start_agents(base: &str, n: usize) -> Traffic {
+    let client = HttpClient::new(base.to_owned(), None, None, Duration::from_secs(600));
+    let chat = ChatSpec {
+        api: Api::Chat,
+        model: SimConfig::default().served_model_name,
+        prompt: String::new(),
+        max_tokens: 1,
+        stream: true,
+        ignore_eos: false,
+    };
+    start_traffic(
+        &client,
+        &chat,
+        None,
+        Arrivals::Agents { agents: n },
+        &demo_agents(),
+    )
+}
 
 /// Arguments of `tokenmeter demo`.
 #[derive(Debug, clap::Args)]
@@ -68,66 +92,40 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     println!("  try             : curl -sN {base}/v1/chat/completions -H 'content-type: application/json' \\");
     println!("                      -H 'x-tokenmeter-user: me' -d '{{\"model\":\"sim-model\",\"stream\":true,\"max_tokens\":20,\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'");
     println!();
-    if args.agents > 0 {
-        let apis: Vec<&str> = (0..args.agents.min(AGENT_APIS.len()))
-            .map(|i| AGENT_APIS[i].as_str())
+    let mut agents = if args.agents > 0 {
+        let apis: Vec<&str> = (0..args.agents.min(MIX.len()))
+            .map(|i| MIX[i].as_str())
             .collect();
         println!(
             "{} synthetic agents are sending requests (varied prompts, some streaming; APIs: {}); Ctrl-C stops.",
             args.agents,
             apis.join(", ")
         );
+        let mut traffic = start_agents(&base, args.agents);
+        // The proxy measures the answers; the agents' own results are not kept.
+        let drain = async move {
+            while traffic.results.recv().await.is_some() {}
+            traffic
+        };
+        Some(tokio::spawn(drain))
     } else {
         println!("No synthetic agents (--agents 0); Ctrl-C stops.");
-    }
-    let agents: Vec<_> = (0..args.agents)
-        .map(|i| tokio::spawn(agent(proxy.addr(), i)))
-        .collect();
+        None
+    };
     let ticker = tokio::spawn(report_every_10s(proxy.meter().clone()));
     match args.duration_s {
         Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
         None => crate::proxy::serve_cli::wait_for_shutdown_signal(|| {}).await,
     }
-    for a in agents {
+    if let Some(a) = agents.take() {
+        // Aborting the drain drops the traffic, which cancels the agents and their requests.
         a.abort();
+        let _ = a.await;
     }
     ticker.abort();
     proxy.shutdown().await;
     sim.shutdown().await;
     Ok(())
-}
-
-/// One synthetic agent: requests of varied size in its API ([`AGENT_APIS`]), streaming or not,
-/// with think time between.
-async fn agent(proxy: SocketAddr, index: usize) {
-    let api = AGENT_APIS[index % AGENT_APIS.len()];
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
-    let mut rng = SmallRng::seed_from_u64(index as u64 + 1);
-    let user = format!("agent-{index}");
-    loop {
-        let words = rng.gen_range(10..2000);
-        let prompt: String = (0..words)
-            .map(|w| if w % 7 == 0 { "fn " } else { "code " })
-            .collect();
-        let stream = rng.gen_bool(0.7);
-        let max_tokens = rng.gen_range(20..300);
-        let body =
-            crate::load::api::body(api, "sim-model", &prompt, max_tokens, stream, false, None);
-        let mut req = http::Request::post(format!("http://{proxy}{}", crate::load::api::path(api)))
-            .header("content-type", "application/json")
-            .header("x-tokenmeter-user", &user);
-        if api == Api::Messages {
-            req = req.header("anthropic-version", "2023-06-01");
-        }
-        let req = req.body(Full::new(Bytes::from(body)));
-        if let Ok(req) = req {
-            if let Ok(resp) = client.request(req).await {
-                let _ = resp.into_body().collect().await;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(200..3000))).await;
-    }
 }
 
 /// Prints the 10 s window every 10 s, so the demo shows what `/stats` holds.

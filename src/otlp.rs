@@ -1,4 +1,5 @@
-//! Opt-in OTLP/HTTP (protobuf) export of the OpenTelemetry GenAI semantic-convention metrics.
+//! Opt-in OTLP/HTTP (protobuf) export of the OpenTelemetry GenAI semantic-convention metrics,
+//! and with `otlp_traces` one span per generation request ([`traces`]).
 //!
 //! The data path only offers each finished generation record to a bounded queue (`try_send`: a
 //! full queue drops the record and counts it). A thread of its own records the instruments; the
@@ -7,16 +8,14 @@
 //! export is counted; the SDK keeps cumulative sums, so the next export that gets through carries
 //! what the failed one had.
 
-use std::future::Future;
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+pub mod traces;
+pub mod transport;
+
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use opentelemetry::metrics::{Histogram, MeterProvider as _};
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig, WithHttpConfig};
@@ -24,6 +23,9 @@ use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 
 use crate::clock::UnixNanos;
 use crate::observe::Observer;
+use crate::otlp::traces::{SpanMaker, SpanQueue};
+pub use crate::otlp::transport::OtlpCounters;
+use crate::otlp::transport::{BlockingHttp, Signal};
 use crate::record::RequestRecord;
 
 /// Records queued for the recording thread before new ones are dropped (and counted).
@@ -47,15 +49,13 @@ const TPOT_BUCKETS: [f64; 13] = [
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 ];
 
-/// Export counters, shown in `/stats/metrics`.
-#[derive(Debug, Default)]
-pub struct OtlpCounters {
-    /// Records dropped because the queue was full.
-    pub dropped: AtomicU64,
-    /// Export requests the collector accepted (2xx).
-    pub exports_ok: AtomicU64,
-    /// Export requests that failed (connection, timeout, non-2xx).
-    pub export_failures: AtomicU64,
+/// The GenAI operation name of a generation request.
+fn operation(r: &RequestRecord) -> &'static str {
+    if r.path.ends_with("/chat/completions") {
+        "chat"
+    } else {
+        "text_completion"
+    }
 }
 
 /// The GenAI instruments.
@@ -101,11 +101,7 @@ impl Instruments {
 
     /// Records one finished generation request (the same figures as its access-log line).
     fn record(&self, r: &RequestRecord) {
-        let operation = if r.path.ends_with("/chat/completions") {
-            "chat"
-        } else {
-            "text_completion"
-        };
+        let operation = operation(r);
         let mut attrs = vec![
             KeyValue::new("gen_ai.operation.name", operation),
             KeyValue::new("gen_ai.provider.name", "vllm"),
@@ -152,13 +148,19 @@ pub struct OtlpExport {
 
 impl OtlpExport {
     /// Starts exporting to `endpoint` (an `http://host:port[/base]` OTLP/HTTP receiver; metrics
-    /// go to `<endpoint>/v1/metrics`) every `interval`.
-    pub fn start(endpoint: &str, interval: Duration) -> anyhow::Result<Arc<OtlpExport>> {
+    /// go to `<endpoint>/v1/metrics`, spans with `traces` to `<endpoint>/v1/traces`) every
+    /// `interval`.
+    pub fn start(
+        endpoint: &str,
+        interval: Duration,
+        traces: bool,
+    ) -> anyhow::Result<Arc<OtlpExport>> {
         let counters = Arc::new(OtlpCounters::default());
         let url = format!("{}/v1/metrics", endpoint.trim_end_matches('/'));
         let client = BlockingHttp {
             timeout: interval.clamp(Duration::from_millis(100), Duration::from_secs(10)),
             counters: counters.clone(),
+            signal: Signal::Metrics,
         };
         let exporter = MetricExporter::builder()
             .with_http()
@@ -170,15 +172,34 @@ impl OtlpExport {
             .with_interval(interval)
             .build();
         let provider = SdkMeterProvider::builder().with_reader(reader).build();
+        let spans = if traces {
+            Some(SpanQueue::start(endpoint, interval, counters.clone())?)
+        } else {
+            None
+        };
         let (tx, rx) = sync_channel::<Arc<RequestRecord>>(QUEUE);
+        let recorded = counters.clone();
         let thread = std::thread::Builder::new()
             .name("tokenmeter-otlp".into())
             .spawn(move || {
                 let instruments = Instruments::new(&provider);
+                let (queue, span_thread) = spans.unzip();
+                let mut maker = queue.as_ref().map(|_| SpanMaker::new());
                 while let Ok(r) = rx.recv() {
                     instruments.record(&r);
+                    if let (Some(q), Some(m)) = (&queue, &mut maker) {
+                        if let Some(span) = m.span(&r, operation(&r)) {
+                            q.offer(span);
+                        }
+                    }
+                    recorded.recorded.fetch_add(1, Ordering::Relaxed);
                 }
-                // The queue closed (shutdown): one last export of everything recorded.
+                // The queue closed (shutdown): the spans left go out, then one last export of
+                // every metric recorded.
+                drop(queue);
+                if let Some(t) = span_thread {
+                    let _ = t.join();
+                }
                 let _ = provider.shutdown();
             })?;
         Ok(Arc::new(OtlpExport {
@@ -245,13 +266,33 @@ pub fn render_prometheus(out: &mut String, c: &OtlpCounters) {
         ),
         (
             "tokenmeter_otlp_exports_total",
-            "OTLP export requests the collector accepted.",
+            "OTLP metrics export requests the collector accepted.",
             &c.exports_ok,
         ),
         (
             "tokenmeter_otlp_export_failures_total",
-            "OTLP export requests that failed (connection, timeout, non-2xx).",
+            "OTLP metrics export requests that failed (connection, timeout, non-2xx).",
             &c.export_failures,
+        ),
+        (
+            "tokenmeter_otlp_spans_exported_total",
+            "Spans in OTLP trace export requests the collector accepted.",
+            &c.spans_exported,
+        ),
+        (
+            "tokenmeter_otlp_spans_dropped_total",
+            "Spans lost: the span queue was full or their export request failed.",
+            &c.spans_dropped,
+        ),
+        (
+            "tokenmeter_otlp_span_exports_total",
+            "OTLP trace export requests the collector accepted.",
+            &c.span_exports_ok,
+        ),
+        (
+            "tokenmeter_otlp_span_export_failures_total",
+            "OTLP trace export requests that failed (connection, timeout, non-2xx).",
+            &c.span_export_failures,
         ),
     ] {
         let _ = writeln!(
@@ -259,84 +300,5 @@ pub fn render_prometheus(out: &mut String, c: &OtlpCounters) {
             "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
             v.load(Ordering::Relaxed)
         );
-    }
-}
-
-/// The exporter's HTTP client: one blocking HTTP/1.1 POST per export on the reader's own
-/// thread (the SDK drives it there with a plain executor, outside any tokio runtime).
-#[derive(Debug)]
-struct BlockingHttp {
-    timeout: Duration,
-    counters: Arc<OtlpCounters>,
-}
-
-impl BlockingHttp {
-    fn post(&self, req: &http::Request<Bytes>) -> std::io::Result<http::Response<Bytes>> {
-        let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, m.to_string());
-        let uri = req.uri();
-        let authority = uri.authority().ok_or_else(|| bad("no host"))?;
-        let port = authority.port_u16().unwrap_or(80);
-        let addr = (authority.host(), port)
-            .to_socket_addrs()?
-            .next()
-            .ok_or_else(|| bad("host did not resolve"))?;
-        let mut s = TcpStream::connect_timeout(&addr, self.timeout)?;
-        s.set_read_timeout(Some(self.timeout))?;
-        s.set_write_timeout(Some(self.timeout))?;
-        let path = uri.path_and_query().map_or("/", |p| p.as_str());
-        let mut head = format!(
-            "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-length: {}\r\nconnection: close\r\n",
-            req.body().len()
-        );
-        for (k, v) in req.headers() {
-            if let Ok(v) = v.to_str() {
-                head.push_str(&format!("{k}: {v}\r\n"));
-            }
-        }
-        head.push_str("\r\n");
-        s.write_all(head.as_bytes())?;
-        s.write_all(req.body())?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw)?;
-        let status: u16 = std::str::from_utf8(&raw[..raw.len().min(64)])
-            .ok()
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| bad("no status line"))?;
-        let body = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .map_or(Bytes::new(), |i| Bytes::copy_from_slice(&raw[i + 4..]));
-        let mut resp = http::Response::new(body);
-        *resp.status_mut() =
-            http::StatusCode::from_u16(status).map_err(|_| bad("bad status code"))?;
-        Ok(resp)
-    }
-}
-
-impl opentelemetry_http::HttpClient for BlockingHttp {
-    fn send_bytes<'a, 'b>(
-        &'a self,
-        request: http::Request<Bytes>,
-    ) -> Pin<
-        Box<
-            dyn Future<Output = Result<http::Response<Bytes>, opentelemetry_http::HttpError>>
-                + Send
-                + 'b,
-        >,
-    >
-    where
-        'a: 'b,
-        Self: 'b,
-    {
-        let result = self.post(&request);
-        let ok = matches!(&result, Ok(r) if r.status().is_success());
-        let counter = if ok {
-            &self.counters.exports_ok
-        } else {
-            &self.counters.export_failures
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        Box::pin(async move { result.map_err(|e| Box::new(e) as opentelemetry_http::HttpError) })
     }
 }

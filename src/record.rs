@@ -210,6 +210,10 @@ pub struct RequestRecord {
     /// logged (the line has its summary figures).
     #[serde(skip)]
     pub itl: Option<Box<crate::itl::ItlHistogram>>,
+    /// The client's valid W3C `traceparent`, which the request's OTLP span continues; not
+    /// logged.
+    #[serde(skip)]
+    pub trace: Option<crate::traceparent::TraceParent>,
 }
 
 impl RequestRecord {

@@ -9,7 +9,8 @@
 //! * Two methods: at 4, 8 and 16 in flight the production figure is within 3 % of
 //!   `load --sustained` at the same level (its steady 10 s windows).
 //!
-//! Slow (minutes): `scripts/capacity_acceptance.sh` runs them (CI does, via `.ci/run`).
+//! Slow (minutes): `scripts/capacity_acceptance.sh` runs them, by hand
+//! for now (see `.ci/run`).
 //! `CAPACITY_TRUTH_S` sets the length of the 16-agent run (default 180 s).
 
 // Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
@@ -56,6 +57,7 @@ async fn new_rig() -> Rig {
 /// prompts of 10–2,000 words (up to 0.3 s of prefill each).
 fn busy_agents() -> AgentSpec {
     AgentSpec {
+        apis: Vec::new(),
         think_ms: Dist::Uniform { min: 100, max: 700 },
         prompt_words: Dist::Uniform { min: 10, max: 2000 },
         output_tokens: Dist::Uniform { min: 100, max: 600 },
@@ -226,25 +228,39 @@ async fn sixteen_agents_truth_per_level_and_live_windows() {
         a.client_aggregate_tok_s.unwrap_or(0.0)
     );
     print_rows("Production-traffic curve (live /stats):", &rows);
-    // The simulator re-anchors its schedule after a late wake (a starved machine) instead of
-    // compressing steps: that slip makes it slower than its formula, by slip / busy time.
+    // With `resync_lag_ms` = 100 the simulator catches late wakes up and its schedule does not
+    // slip; a wake later than that re-anchors it, and the engine is then slower than its
+    // formula by the time lost (slip / run), which the truth takes into account. The slip is
+    // printed: it is 0 unless the machine starved the simulator for over 100 ms at once.
     let lag = rig.sim.step_lag();
     let slip = lag.slip_ns as f64 / 1e9 / secs as f64;
     println!(
-        "simulator: {} steps, lag mean {:.3} ms, {} resyncs losing {:.1} ms ({:.2} % of the run)",
+        "simulator: {} steps, lag mean {:.3} ms, max {:.1} ms, {} resyncs losing {:.1} ms ({:.2} % of the run)",
         lag.steps,
         lag.mean_ns as f64 / 1e6,
+        lag.max_ns as f64 / 1e6,
         lag.resyncs,
         lag.slip_ns as f64 / 1e6,
         slip * 100.0
     );
+    // Every check is evaluated and printed before any fails, so one failing part does not hide
+    // the others.
+    let mut failures = Vec::new();
     let mut checked = 0;
     for r in rows.iter().filter(|r| r.seconds >= 20.0) {
         let d = r.gen_tok_s.unwrap() / (truth(r.in_flight) / (1.0 + slip)) - 1.0;
-        assert!(d.abs() < 0.03, "level {}: {:+.2}%", r.in_flight, d * 100.0);
+        if d.abs() >= 0.03 {
+            failures.push(format!(
+                "level {}: {:+.2}% from the truth",
+                r.in_flight,
+                d * 100.0
+            ));
+        }
         checked += 1;
     }
-    assert!(checked >= 2, "only {checked} levels with 20 s");
+    if checked < 2 {
+        failures.push(format!("only {checked} levels with 20 clean seconds"));
+    }
     println!("10 s windows: proxy tok/s | steady (level) | simulator tok/s | diff %");
     for (p, s, n, t) in &windows {
         println!(
@@ -254,24 +270,32 @@ async fn sixteen_agents_truth_per_level_and_live_windows() {
         );
     }
     let steady: Vec<_> = windows.iter().filter(|w| w.1).collect();
-    assert!(
-        2 * steady.len() >= windows.len(),
-        "{} of {} windows steady",
-        steady.len(),
-        windows.len()
-    );
+    println!("{} of {} windows steady", steady.len(), windows.len());
+    if windows.is_empty() || 2 * steady.len() < windows.len() {
+        failures.push(format!(
+            "{} of {} windows steady",
+            steady.len(),
+            windows.len()
+        ));
+    }
     for (p, _, _, t) in &steady {
-        assert!((p / t - 1.0).abs() < 0.03, "window {p} vs simulator {t}");
+        if (p / t - 1.0).abs() >= 0.03 {
+            failures.push(format!("steady window {p:.1} tok/s vs simulator {t:.1}"));
+        }
     }
     // analyze on the same access log, for the note: records only (no per-event times).
-    let log = rig.proxy.log_path.clone();
-    rig.proxy.stop().await;
+    let lines = rig.proxy.finish().await;
+    let dir = common::TempDir::new("capacity-analyze");
+    let log = dir.0.join("access.jsonl");
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&log, text).unwrap();
     let r = tokenmeter::analyze::analyze(&[log], &Default::default()).unwrap();
     print_rows(
         "Production-traffic curve (analyze on the access log):",
         &r.capacity_production,
     );
     rig.sim.shutdown().await;
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -190,6 +190,7 @@ async fn two_replicas_balance_measure_and_survive_a_stop() {
     // One full 10 s window with all 16 in flight.
     wait_into_next_second(0).await;
     let mut spreads = Vec::new();
+    let mut samples = Vec::new();
     for _ in 0..10 {
         let s = stats(addr).await;
         let now: Vec<u64> = s["upstreams"]
@@ -199,8 +200,10 @@ async fn two_replicas_balance_measure_and_survive_a_stop() {
             .map(|u| u["in_flight_now"].as_u64().unwrap())
             .collect();
         spreads.push(now[0].abs_diff(now[1]));
+        samples.push(now);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    eprintln!("in flight now (fast, slow), one sample a second: {samples:?}");
     wait_into_next_second(150).await;
     let sec = Clock::global().now() / NANOS_PER_SEC;
     let s = stats(addr).await;
@@ -264,6 +267,11 @@ async fn two_replicas_balance_measure_and_survive_a_stop() {
     for s in &short {
         assert!(s.status_ok && s.done && s.events >= 16, "{s:?}");
     }
+    eprintln!(
+        "after the stop: {} of {} new requests complete",
+        short.iter().filter(|s| s.status_ok && s.done).count(),
+        short.len()
+    );
     let s = stats(addr).await;
     let slow_view = &s["upstreams"][1];
     assert!(slow_view["failures"].as_u64().unwrap() >= 1, "{slow_view}");
@@ -312,6 +320,11 @@ async fn two_replicas_balance_measure_and_survive_a_stop() {
         assert_eq!(l["outcome"], "upstream_aborted", "{l}");
         assert!(l["completion_tokens"].as_u64().unwrap() > 0);
     }
+    eprintln!(
+        "cut streams: {} lines on slow, all upstream_aborted; {} lines in all for 36 requests (none retried)",
+        slow_lines.len(),
+        lines.len()
+    );
     let late: Vec<_> = lines
         .iter()
         .filter(|l| l["ts_ns"].as_u64().unwrap() > cut_at)

@@ -201,7 +201,10 @@ fn sixteen_agents_with_think_time_match_the_step_formula_at_every_level() {
         if r.seconds >= 20.0 {
             checked += 1;
             let d = d.unwrap();
-            assert!(d.abs() < 1.0, "level {}: {d:+.2}%", r.in_flight);
+            // Exact up to the events' delivery jitter: 0.1 %. (The top level was 0.7 % low while
+            // the run's first guards, 16 arrivals waiting seconds for one joint prefill, closed at
+            // the cap and let that stall into clean time.)
+            assert!(d.abs() < 0.1, "level {}: {d:+.2}%", r.in_flight);
         }
     }
     // The traffic puts 20 s or more at levels 13 to 16 in every run; level 12 lands near 20 s

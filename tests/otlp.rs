@@ -1,6 +1,8 @@
 //! OTLP export against a real OTLP/HTTP receiver started here: a hyper server decoding each
-//! `POST /v1/metrics` with the official protobuf definitions (opentelemetry-proto). Names, units
-//! and the exported token sums must equal the access log's; a down collector costs only counts.
+//! `POST /v1/metrics` and `POST /v1/traces` with the official protobuf definitions
+//! (opentelemetry-proto). Names, units and the exported token sums must equal the access log's,
+//! every span its request's line, trace context continued from `traceparent`; a down collector
+//! costs only counts.
 
 // Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -14,6 +16,7 @@ use std::time::Duration;
 use common::*;
 use http_body_util::BodyExt;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use prost::Message;
@@ -21,9 +24,16 @@ use tokenmeter::sim::SimConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-type Received = Arc<Mutex<Vec<ExportMetricsServiceRequest>>>;
+/// What the receiver decoded: metrics exports and trace exports, in arrival order.
+#[derive(Default)]
+struct Exports {
+    metrics: Vec<ExportMetricsServiceRequest>,
+    traces: Vec<ExportTraceServiceRequest>,
+}
 
-/// An OTLP/HTTP metrics receiver on port 0; every decoded export lands in the returned list.
+type Received = Arc<Mutex<Exports>>;
+
+/// An OTLP/HTTP receiver on port 0; every decoded export lands in the returned lists.
 async fn receiver() -> (SocketAddr, Received) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -40,19 +50,33 @@ async fn receiver() -> (SocketAddr, Received) {
                     hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                         let sink = sink.clone();
                         async move {
-                            let ok = req.uri().path() == "/v1/metrics"
-                                && req
-                                    .headers()
-                                    .get("content-type")
-                                    .and_then(|v| v.to_str().ok())
-                                    == Some("application/x-protobuf");
+                            let path = req.uri().path().to_string();
+                            let proto = req
+                                .headers()
+                                .get("content-type")
+                                .and_then(|v| v.to_str().ok())
+                                == Some("application/x-protobuf");
                             let body = req.into_body().collect().await.unwrap().to_bytes();
-                            let status = match ExportMetricsServiceRequest::decode(body) {
-                                Ok(m) if ok => {
-                                    sink.lock().unwrap().push(m);
-                                    200
+                            let status = match path.as_str() {
+                                "/v1/metrics" if proto => {
+                                    match ExportMetricsServiceRequest::decode(body) {
+                                        Ok(m) => {
+                                            sink.lock().unwrap().metrics.push(m);
+                                            200
+                                        }
+                                        Err(_) => 400,
+                                    }
                                 }
-                                _ => 400,
+                                "/v1/traces" if proto => {
+                                    match ExportTraceServiceRequest::decode(body) {
+                                        Ok(t) => {
+                                            sink.lock().unwrap().traces.push(t);
+                                            200
+                                        }
+                                        Err(_) => 400,
+                                    }
+                                }
+                                _ => 404,
                             };
                             Ok::<_, std::convert::Infallible>(
                                 http::Response::builder()
@@ -82,13 +106,18 @@ async fn sim() -> tokenmeter::sim::SimHandle {
 }
 
 async fn send(addr: SocketAddr, i: usize) {
+    send_with(addr, i, &[]).await;
+}
+
+/// Request `i` (every third one not streamed) with extra headers.
+async fn send_with(addr: SocketAddr, i: usize, headers: &[(&str, &str)]) {
     let stream = i % 3 != 0;
     let body = format!(
         r#"{{"model":"sim-model","messages":[{{"role":"user","content":"q{i}"}}],"max_tokens":{},"stream":{stream}}}"#,
         5 + i
     );
     let mut c = TcpStream::connect(addr).await.unwrap();
-    c.write_all(&post("/v1/chat/completions", &body, &[]))
+    c.write_all(&post("/v1/chat/completions", &body, headers))
         .await
         .unwrap();
     let mut out = Vec::new();
@@ -122,11 +151,15 @@ async fn genai_metrics_reach_a_real_receiver_with_the_access_logs_sums() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
-        !got.lock().unwrap().is_empty(),
+        !got.lock().unwrap().metrics.is_empty(),
         "periodic exports arrive while serving"
     );
     let lines = proxy.finish().await;
-    let exports = got.lock().unwrap().clone();
+    let exports = got.lock().unwrap().metrics.clone();
+    assert!(
+        got.lock().unwrap().traces.is_empty(),
+        "no spans without otlp_traces"
+    );
     // Cumulative temporality: the last export (at shutdown) carries every request.
     let last = exports.last().unwrap();
     let metrics: Vec<_> = last
@@ -208,6 +241,7 @@ async fn a_down_collector_costs_only_counted_failures() {
     let proxy = TestProxy::start(&format!("http://{}", up.addr()), |c| {
         c.otlp_endpoint = Some(format!("http://{dead}"));
         c.otlp_export_interval_ms = 100;
+        c.otlp_traces = true;
     })
     .await;
     for i in 0..6 {
@@ -234,49 +268,201 @@ async fn a_down_collector_costs_only_counted_failures() {
     );
     assert_eq!(value("tokenmeter_otlp_exports_total"), 0);
     assert_eq!(value("tokenmeter_otlp_dropped_total"), 0);
+    // Every span went into a failed export: counted as dropped, none exported.
+    assert!(
+        value("tokenmeter_otlp_span_export_failures_total") >= 1,
+        "{text}"
+    );
+    assert_eq!(value("tokenmeter_otlp_span_exports_total"), 0);
+    assert_eq!(value("tokenmeter_otlp_spans_exported_total"), 0);
+    assert_eq!(value("tokenmeter_otlp_spans_dropped_total"), 6, "{text}");
     assert_eq!(proxy.finish().await.len(), 6);
     up.shutdown().await;
 }
 
-#[test]
-#[ignore = "measurement for the closing note: cargo test --release --test otlp -- --ignored --nocapture"]
-fn overhead_per_request() {
-    use tokenmeter::observe::Observer;
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let n = 50_000u32;
-    let records: Vec<Arc<tokenmeter::record::RequestRecord>> = (0..n)
-        .map(|i| {
-            let mut r = tokenmeter::analyze::synth::record(
-                u64::from(i) * 1_000_000,
-                2_000.0,
-                Some(80.0),
-                200,
-                true,
-                "u",
-            );
-            r.model = Some(format!("model-{}", i % 4));
-            Arc::new(r)
-        })
-        .collect();
-    let export =
-        tokenmeter::otlp::OtlpExport::start(&format!("http://{dead}"), Duration::from_secs(3600))
-            .unwrap();
-    let t = std::time::Instant::now();
-    for r in &records {
-        export.finished(0, 0, r, true);
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_span_per_request_with_genai_attributes_ttft_event_and_the_callers_trace() {
+    use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+    let (otlp, got) = receiver().await;
+    let up = sim().await;
+    let proxy = TestProxy::start(&format!("http://{}", up.addr()), |c| {
+        c.otlp_endpoint = Some(format!("http://{otlp}"));
+        c.otlp_export_interval_ms = 200;
+        c.otlp_traces = true;
+    })
+    .await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = "00f067aa0ba902b7";
+    let sampled = format!("00-{trace_id}-{parent}-01");
+    let unsampled = format!("00-{trace_id}-{parent}-00");
+    // 0..4 continue the caller's trace, 4 is not sampled by the caller, 5 has a malformed
+    // header (a new trace), 6..9 send none.
+    for i in 0..9 {
+        let tp = match i {
+            0..4 => Some(sampled.as_str()),
+            4 => Some(unsampled.as_str()),
+            5 => Some("00-zz-not-a-trace-01"),
+            _ => None,
+        };
+        let h: Vec<(&str, &str)> = tp.map(|v| ("traceparent", v)).into_iter().collect();
+        send_with(proxy.addr, i, &h).await;
     }
-    let data_path = t.elapsed();
-    export.shutdown();
-    let total = t.elapsed();
-    let c = export.counters();
-    println!(
-        "OTLP on: data path {:.0} ns per request (queue offer), recording thread drained {n} records in {:.1} ms total ({:.0} ns per request incl. the final export attempt); dropped {}",
-        data_path.as_nanos() as f64 / f64::from(n),
-        total.as_secs_f64() * 1e3,
-        total.as_nanos() as f64 / f64::from(n),
-        c.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    let lines = proxy.finish().await;
+    assert_eq!(lines.len(), 9);
+    let exports = std::mem::take(&mut got.lock().unwrap().traces);
+    let spans: Vec<_> = exports
+        .iter()
+        .flat_map(|e| &e.resource_spans)
+        .flat_map(|r| &r.scope_spans)
+        .inspect(|s| assert_eq!(s.scope.as_ref().unwrap().name, "tokenmeter"))
+        .flat_map(|s| &s.spans)
+        .collect();
+    assert_eq!(
+        spans.len(),
+        8,
+        "one span per request, none for the unsampled one"
     );
+    let mut ids = std::collections::HashSet::new();
+    // The requests were sent one after another: line i is request i.
+    for (i, line) in lines.iter().enumerate() {
+        let rid = line["request_id"].as_str().unwrap();
+        let span = spans
+            .iter()
+            .find(|s| attr(&s.attributes, "tokenmeter.request_id") == Some(rid));
+        let Some(span) = span else {
+            assert_eq!(
+                i, 4,
+                "only the request the caller did not sample has no span"
+            );
+            continue;
+        };
+        assert_ne!(i, 4, "the caller did not sample request 4");
+        assert!(ids.insert(span.span_id.clone()), "span ids differ");
+        assert_eq!(span.name, "chat sim-model");
+        assert_eq!(span.kind, SpanKind::Client as i32);
+        assert_eq!(
+            attr(&span.attributes, "gen_ai.operation.name"),
+            Some("chat")
+        );
+        assert_eq!(
+            attr(&span.attributes, "gen_ai.request.model"),
+            Some("sim-model")
+        );
+        let int = |key: &str| {
+            span.attributes
+                .iter()
+                .find(|kv| kv.key == key)
+                .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                    Value::IntValue(n) => Some(*n),
+                    _ => None,
+                })
+        };
+        assert_eq!(
+            int("gen_ai.usage.input_tokens"),
+            line["prompt_tokens"].as_i64()
+        );
+        assert_eq!(
+            int("gen_ai.usage.output_tokens"),
+            line["completion_tokens"].as_i64()
+        );
+        let reasons: Vec<&str> = span
+            .attributes
+            .iter()
+            .find(|kv| kv.key == "gen_ai.response.finish_reasons")
+            .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                Value::ArrayValue(a) => Some(
+                    a.values
+                        .iter()
+                        .filter_map(|v| match v.value.as_ref()? {
+                            Value::StringValue(s) => Some(s.as_str()),
+                            _ => None,
+                        })
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let logged: Vec<&str> = line["finish_reason"].as_str().into_iter().collect();
+        assert!(
+            !logged.is_empty(),
+            "the simulator reports a finish reason: {line}"
+        );
+        assert_eq!(reasons, logged);
+        // The span covers the request as the access log times it.
+        let ts = line["ts_ns"].as_u64().unwrap();
+        let e2e_ns = line["e2e_ms"].as_f64().unwrap() * 1e6;
+        assert_eq!(span.start_time_unix_nano, ts);
+        assert!(
+            ((span.end_time_unix_nano - ts) as f64 - e2e_ns).abs() <= 1.0,
+            "{span:?} vs {line}"
+        );
+        // The TTFT as an event, at arrival + ttft_ms, streamed requests only.
+        match line["ttft_ms"].as_f64() {
+            Some(ttft) => {
+                assert_eq!(span.events.len(), 1);
+                let ev = &span.events[0];
+                assert_eq!(ev.name, "gen_ai.first_token");
+                assert_eq!(ev.time_unix_nano, ts + (ttft * 1e6).round() as u64);
+                let Some(Value::DoubleValue(s)) = ev.attributes[0].value.as_ref().unwrap().value
+                else {
+                    panic!("{ev:?}")
+                };
+                assert_eq!(ev.attributes[0].key, "gen_ai.server.time_to_first_token");
+                assert!((s - ttft / 1e3).abs() < 1e-12);
+            }
+            None => assert!(span.events.is_empty(), "{span:?}"),
+        }
+        // The caller's trace is continued: same trace id, its span as the parent.
+        if i < 4 {
+            assert_eq!(hex(&span.trace_id), trace_id);
+            assert_eq!(hex(&span.parent_span_id), parent);
+        } else {
+            assert_ne!(hex(&span.trace_id), trace_id);
+            assert_eq!(span.trace_id.len(), 16);
+            assert!(span.parent_span_id.is_empty(), "a new trace has no parent");
+        }
+    }
+    let continued = spans
+        .iter()
+        .filter(|s| hex(&s.trace_id) == trace_id)
+        .count();
+    assert_eq!(continued, 4, "requests 0..4 continue the caller's trace");
+    up.shutdown().await;
+}
+
+/// A collector that accepts and never answers (export timeout 10 s at the default interval)
+/// cannot hold up shutdown past the bounded wait every join at shutdown gets (2 s), and the
+/// access log is still closed complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_never_answers_does_not_hold_up_shutdown() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    // Holds every connection open and reads nothing back.
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let up = sim().await;
+    let proxy = TestProxy::start(&format!("http://{}", up.addr()), |c| {
+        c.otlp_endpoint = Some(format!("http://{silent_addr}"));
+        c.otlp_export_interval_ms = 10_000;
+        c.otlp_traces = true;
+    })
+    .await;
+    for i in 0..3 {
+        send(proxy.addr, i).await;
+    }
+    let t = std::time::Instant::now();
+    let lines = proxy.finish().await;
+    let took = t.elapsed();
+    assert_eq!(lines.len(), 3);
+    assert!(took < Duration::from_secs(4), "shutdown took {took:?}");
+    holder.abort();
+    up.shutdown().await;
 }

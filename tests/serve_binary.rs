@@ -348,3 +348,18 @@ async fn a_canary_secret_appears_nowhere_even_with_debug_logging() {
     let everything = format!("{seen}{access}{}", process_log.join("\n"));
     assert_eq!(everything.matches("canary").count(), 0, "a secret leaked");
 }
+
+/// A supervisor may send SIGTERM the moment it reads the "listening on" line: the handlers are
+/// installed before that line is printed, so the signal drains and the exit status is 0 (with
+/// the handler installed after it, the default action killed the process, as seen under load).
+#[test]
+fn sigterm_sent_on_the_listening_line_exits_zero_for_serve_and_sim() {
+    for _ in 0..5 {
+        let (mut serve, _, _) = start_serve(&["--upstream", "http://127.0.0.1:9"]);
+        signal(&serve, "TERM");
+        assert!(serve.wait().unwrap().success(), "serve");
+        let (mut sim, _, _) = spawn_logged(tokenmeter().args(["sim", "--listen", "127.0.0.1:0"]));
+        signal(&sim, "TERM");
+        assert!(sim.wait().unwrap().success(), "sim");
+    }
+}

@@ -4,7 +4,7 @@ use crate::clock::{format_rfc3339_micros, NANOS_PER_SEC};
 use crate::meter::capacity::{CapacityAccumulator, CapacityRow, RequestLevel};
 use crate::meter::histogram::LogHistogram;
 use crate::meter::levels::{production_rows, ProductionRow, RequestFiguresAt};
-use crate::meter::replay::ReplayTimeline;
+use crate::meter::replay::{ReplayTimeline, SteadyRun};
 use crate::meter::summary::{MinMeanMax, Percentiles};
 use crate::record::Outcome;
 
@@ -83,7 +83,7 @@ pub fn build(
     };
     let crosscheck = crosscheck(tl, &p, opts);
     let summary = summary(&p, bad_lines);
-    let timeline = timeline(tl, opts);
+    let timeline = timeline(tl, pass2, opts);
     let capacity = capacity(tl, level_tok_s, &p);
     let capacity_production = production(pass2, &p, opts.capacity_min_s as f64);
     let saturation = saturation(&p, opts, &capacity, &capacity_production);
@@ -166,7 +166,14 @@ fn summary(p: &Pass1, bad_lines: u64) -> Summary {
     }
 }
 
-fn timeline(tl: &ReplayTimeline, opts: &AnalyzeOptions) -> TimelineReport {
+fn timeline(tl: &ReplayTimeline, pass2: &Pass2, opts: &AnalyzeOptions) -> TimelineReport {
+    let tolerance = opts.steady_tolerance_pct;
+    let tolerant = |sec: u64| {
+        pass2
+            .second_mixes
+            .get(&sec)
+            .and_then(|m| m.steady_level(tolerance))
+    };
     // Active: some request was in flight during the second, or tokens were attributed to it (a
     // second that only saw requests end on its first instant is idle).
     let series: Vec<SecondRow> = tl
@@ -185,27 +192,32 @@ fn timeline(tl: &ReplayTimeline, opts: &AnalyzeOptions) -> TimelineReport {
                 in_flight_mean: mean,
                 in_flight_min: min,
                 in_flight_max: max,
-                steady: s.bucket.steady_level().is_some(),
+                steady: tolerant(s.sec).is_some(),
+                steady_strict: s.bucket.steady_level().is_some(),
                 started: s.bucket.requests_started,
                 finished: s.bucket.requests_finished,
             }
         })
         .collect();
-    let steady_windows = tl
-        .steady_runs(opts.steady_min_s)
-        .into_iter()
-        .map(|r| SteadyWindow {
-            start: format_rfc3339_micros(r.start_sec * NANOS_PER_SEC),
-            seconds: r.seconds,
-            in_flight: r.in_flight,
-            gen_tok_s: r.gen_tokens / r.seconds as f64,
-        })
-        .collect();
+    let windows = |runs: Vec<SteadyRun>| -> Vec<SteadyWindow> {
+        runs.into_iter()
+            .map(|r| SteadyWindow {
+                start: format_rfc3339_micros(r.start_sec * NANOS_PER_SEC),
+                seconds: r.seconds,
+                in_flight: r.in_flight,
+                in_flight_mean: r.in_flight_area / r.seconds as f64,
+                gen_tok_s: r.gen_tokens / r.seconds as f64,
+            })
+            .collect()
+    };
     TimelineReport {
         active_seconds: series.len() as u64,
         steady_seconds: series.iter().filter(|s| s.steady).count() as u64,
+        steady_tolerance_pct: tolerance,
+        steady_strict_seconds: series.iter().filter(|s| s.steady_strict).count() as u64,
         steady_min_s: opts.steady_min_s,
-        steady_windows,
+        steady_windows: windows(tl.runs_by(opts.steady_min_s, |s| tolerant(s.sec))),
+        steady_strict_windows: windows(tl.steady_runs(opts.steady_min_s)),
         per_second: opts.per_second.then(|| series.clone()),
         series,
     }

@@ -9,6 +9,8 @@ use crate::clock::UnixNanos;
 use crate::dialect::Api;
 use crate::meter::histogram::LogHistogram;
 use crate::meter::levels::{GuardConfig, LevelAttribution, LevelSums};
+
+use super::steady::{SecondMix, SecondMixes};
 use crate::meter::replay::{LevelSweep, ReplayAccumulator};
 use crate::meter::timeline::{end_ns, generation_interval, ttft_ns, RateStats};
 use crate::record::{Outcome, RequestRecord};
@@ -283,6 +285,8 @@ pub struct Pass2 {
     pub level_tok_s: LevelTokS,
     /// Clean and guarded time and tokens per level (the live meter's level attribution).
     pub level_sums: BTreeMap<u32, LevelSums>,
+    /// How each second's time spread over levels (for the tolerant steady seconds).
+    pub second_mixes: BTreeMap<u64, SecondMix>,
 }
 
 /// The live meter's level attribution replayed from records fed in arrival order: each record's
@@ -290,8 +294,11 @@ pub struct Pass2 {
 /// interval at its end (the log holds no per-event times).
 struct ProductionSweep {
     attr: LevelAttribution,
+    /// The same level changes, per second.
+    mixes: SecondMixes,
     pending: BinaryHeap<std::cmp::Reverse<(UnixNanos, u8, u64)>>,
-    open: HashMap<u64, (crate::meter::levels::GuardKey, UnixNanos, f64)>,
+    /// Open records: guard, arrival, start of their token spreading, tokens.
+    open: HashMap<u64, (crate::meter::levels::GuardKey, UnixNanos, UnixNanos, f64)>,
     decode_from: std::collections::BTreeSet<(UnixNanos, u64)>,
     seq: u64,
 }
@@ -300,6 +307,7 @@ impl ProductionSweep {
     fn new() -> Self {
         ProductionSweep {
             attr: LevelAttribution::new(GuardConfig::default(), 0),
+            mixes: SecondMixes::new(),
             pending: BinaryHeap::new(),
             open: HashMap::new(),
             decode_from: Default::default(),
@@ -315,20 +323,25 @@ impl ProductionSweep {
                 break;
             }
             self.pending.pop();
-            let Some(&(key, from, tokens)) = self.open.get(&seq) else {
+            let Some(&(key, start, from, tokens)) = self.open.get(&seq) else {
                 continue;
             };
             if kind == 0 {
+                // From its first token on, the request's tokens reach back to `from` only.
                 self.attr.first_token(at, key);
+                self.decode_from.remove(&(start, seq));
+                self.decode_from.insert((from, seq));
                 continue;
             }
             self.open.remove(&seq);
+            self.decode_from.remove(&(start, seq));
             self.decode_from.remove(&(from, seq));
             self.attr.advance(at);
             if tokens.is_finite() {
                 self.attr.tokens(from, at, tokens);
             }
             self.attr.depart(at, key);
+            self.mixes.change(at, self.attr.level());
             let floor = self.decode_from.first().map_or(at, |&(f, _)| f);
             self.attr.finalize_before(floor);
         }
@@ -344,6 +357,7 @@ impl ProductionSweep {
         }
         self.seq += 1;
         let key = self.attr.arrive(e.start);
+        self.mixes.change(e.start, self.attr.level());
         // As live: without a first token the tokens were made after the guard's cap.
         let from = if e.first_token > 0 {
             e.gen_from
@@ -351,19 +365,24 @@ impl ProductionSweep {
             e.start.saturating_add(GuardConfig::default().guard_max_ns)
         }
         .clamp(e.start, e.end);
-        self.open.insert(self.seq, (key, from, e.completion_tokens));
-        self.decode_from.insert((from, self.seq));
-        if e.first_token > 0 && e.first_token < e.end {
+        self.open
+            .insert(self.seq, (key, e.start, from, e.completion_tokens));
+        // Until its first token is replayed, nothing after its arrival is final: a first token
+        // after the guard's cap makes the time since the cap guarded (see meter::levels).
+        let pending_first = e.first_token > 0 && e.first_token < e.end;
+        self.decode_from
+            .insert((if pending_first { e.start } else { from }, self.seq));
+        if pending_first {
             self.pending
                 .push(std::cmp::Reverse((e.first_token.max(e.start), 0, self.seq)));
         }
         self.pending.push(std::cmp::Reverse((e.end, 1, self.seq)));
     }
 
-    fn finish(mut self) -> BTreeMap<u32, LevelSums> {
+    fn finish(mut self) -> (BTreeMap<u32, LevelSums>, BTreeMap<u64, SecondMix>) {
         self.until(UnixNanos::MAX);
         self.attr.finalize_before(UnixNanos::MAX);
-        self.attr.sums().clone()
+        (self.attr.sums().clone(), self.mixes.finish())
     }
 }
 
@@ -496,9 +515,11 @@ impl Pass1 {
             sweep.push(e.start, e.end, e.in_flight_at_start, e.tok_s, &mut visit);
         })?;
         sweep.finish(&mut visit);
+        let (level_sums, second_mixes) = production.finish();
         Ok(Pass2 {
             level_tok_s: out,
-            level_sums: production.finish(),
+            level_sums,
+            second_mixes,
         })
     }
 }

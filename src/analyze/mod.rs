@@ -18,6 +18,7 @@ pub mod input;
 pub mod parse;
 pub mod report;
 pub mod spill;
+pub mod steady;
 pub mod svg;
 pub mod synth;
 pub mod tables;
@@ -55,6 +56,10 @@ pub struct AnalyzeArgs {
     /// Shortest steady window reported, seconds.
     #[arg(long, default_value_t = 10)]
     pub steady_min_s: u64,
+    /// A second is steady at its median level N when the mean |level - N| over it is at most
+    /// this % of N (the live windows' `meter.steady_tolerance_pct`).
+    #[arg(long, default_value_t = 5.0)]
+    pub steady_tolerance_pct: f64,
     /// TTFT knee: first level whose p90 exceeds this factor x the p90 at the lowest level.
     #[arg(long, default_value_t = 2.0)]
     pub knee_factor: f64,
@@ -85,6 +90,8 @@ pub struct AnalyzeOptions {
     pub filter: Filter,
     /// Shortest steady window reported, seconds.
     pub steady_min_s: u64,
+    /// Tolerant steadiness: mean |level - N| at most this % of N.
+    pub steady_tolerance_pct: f64,
     /// TTFT knee factor.
     pub knee_factor: f64,
     /// Include every active second in the JSON.
@@ -100,6 +107,7 @@ impl Default for AnalyzeOptions {
         AnalyzeOptions {
             filter: Filter::default(),
             steady_min_s: 10,
+            steady_tolerance_pct: 5.0,
             knee_factor: 2.0,
             per_second: false,
             disagreement_threshold_pct: 5.0,
@@ -125,6 +133,7 @@ impl AnalyzeOptions {
                 upstreams: args.upstream.clone(),
             },
             steady_min_s: args.steady_min_s,
+            steady_tolerance_pct: args.steady_tolerance_pct,
             knee_factor: args.knee_factor,
             per_second: args.per_second,
             disagreement_threshold_pct: args.disagreement_threshold_pct,

@@ -301,5 +301,6 @@ pub fn scratch_record() -> RequestRecord {
         server_ttft_ms: None,
         server_mean_itl_ms: None,
         itl: None,
+        trace: None,
     }
 }

@@ -65,7 +65,7 @@ pub struct CrossCheck {
     pub threshold_pct: f64,
     /// `server_sample` lines used.
     pub samples: u64,
-    /// One row per steady window (same order as `timeline.steady_windows`).
+    /// One row per strict steady window (same order as `timeline.steady_strict_windows`).
     pub steady_windows: Vec<super::crosscheck::CrossRow>,
     /// From the first to the last sample.
     pub overall: Option<super::crosscheck::CrossRow>,
@@ -137,12 +137,20 @@ pub struct ModelCount {
 pub struct TimelineReport {
     /// Seconds during which a request was in flight or to which tokens were attributed.
     pub active_seconds: u64,
-    /// Seconds steady at some N > 0.
+    /// Seconds steady at some N > 0: median level N, mean |level - N| at most
+    /// `steady_tolerance_pct` % of N (the live windows' definition).
     pub steady_seconds: u64,
+    /// The tolerance of `steady`, % of N.
+    pub steady_tolerance_pct: f64,
+    /// Seconds at one constant N > 0 throughout (no start or end inside them).
+    pub steady_strict_seconds: u64,
     /// Minimum length of a steady window, seconds.
     pub steady_min_s: u64,
-    /// Maximal runs of at least `steady_min_s` seconds steady at one N.
+    /// Maximal runs of at least `steady_min_s` consecutive seconds steady at one N.
     pub steady_windows: Vec<SteadyWindow>,
+    /// Maximal runs of at least `steady_min_s` consecutive seconds strictly steady at one N
+    /// (the windows of vLLM's log lines under lockstep load; the cross-check uses these).
+    pub steady_strict_windows: Vec<SteadyWindow>,
     /// Every active second (only with `--per-second`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_second: Option<Vec<SecondRow>>,
@@ -158,8 +166,10 @@ pub struct SteadyWindow {
     pub start: String,
     /// Length, seconds.
     pub seconds: u64,
-    /// Requests in flight throughout.
+    /// The level N it was steady at (strict windows: in flight throughout).
     pub in_flight: u32,
+    /// Exact time-weighted mean in-flight level over the window.
+    pub in_flight_mean: f64,
     /// Completion tokens attributed to the window / its length.
     pub gen_tok_s: f64,
 }
@@ -179,8 +189,10 @@ pub struct SecondRow {
     pub in_flight_min: u32,
     /// Highest level (exact when steady, else an upper bound).
     pub in_flight_max: u32,
-    /// Whether the second was steady (no start or end inside it, level > 0).
+    /// Whether the second was steady (tolerant: see `steady_seconds`).
     pub steady: bool,
+    /// Whether the second was strictly steady (no start or end inside it, level > 0).
+    pub steady_strict: bool,
     /// Requests that arrived in the second.
     pub started: u32,
     /// Requests that ended in the second.

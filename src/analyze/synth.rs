@@ -69,6 +69,7 @@ pub fn record(
         server_ttft_ms: None,
         server_mean_itl_ms: None,
         itl: None,
+        trace: None,
     }
 }
 

@@ -241,25 +241,20 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
         summary.push(vec!["Read error".into(), e.clone()]);
     }
     out.push(("Summary".into(), grid(&["", ""], &summary)));
-    let windows: Vec<Vec<String>> = r
-        .timeline
-        .steady_windows
-        .iter()
-        .map(|w| {
-            vec![
-                w.start.clone(),
-                w.seconds.to_string(),
-                w.in_flight.to_string(),
-                format!("{:.1}", w.gen_tok_s),
-            ]
-        })
-        .collect();
+    let t = &r.timeline;
     out.push((
         format!(
-            "Steady windows (≥ {} s; {} active s, {} steady s)",
-            r.timeline.steady_min_s, r.timeline.active_seconds, r.timeline.steady_seconds
+            "Steady windows (≥ {} s, mean |level − N| ≤ {} % of N; {} active s, {} steady s)",
+            t.steady_min_s, t.steady_tolerance_pct, t.active_seconds, t.steady_seconds
         ),
-        grid(&["Start", "Length s", "Running", "Gen tok/s"], &windows),
+        grid(&WINDOW_HEADERS, &window_rows(&t.steady_windows)),
+    ));
+    out.push((
+        format!(
+            "Strictly steady windows (≥ {} s, level constant; {} strictly steady s)",
+            t.steady_min_s, t.steady_strict_seconds
+        ),
+        grid(&WINDOW_HEADERS, &window_rows(&t.steady_strict_windows)),
     ));
     out.push((
         "Capacity (steady seconds only)".into(),
@@ -441,6 +436,31 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
         ));
     }
     out
+}
+
+/// Columns of the steady-window tables.
+const WINDOW_HEADERS: [&str; 5] = [
+    "Start",
+    "Length s",
+    "Running N",
+    "Mean in flight",
+    "Gen tok/s",
+];
+
+/// Steady windows as cells.
+fn window_rows(windows: &[super::report::SteadyWindow]) -> Vec<Vec<String>> {
+    windows
+        .iter()
+        .map(|w| {
+            vec![
+                w.start.clone(),
+                w.seconds.to_string(),
+                w.in_flight.to_string(),
+                format!("{:.2}", w.in_flight_mean),
+                format!("{:.1}", w.gen_tok_s),
+            ]
+        })
+        .collect()
 }
 
 /// The cross-check rows as cells: each steady window, then the overall row (N `all`).

@@ -11,6 +11,7 @@ use rand::{rngs::SmallRng, Rng, SeedableRng};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use super::api::Api;
 use super::client::{ChatSpec, HttpClient};
 use super::dist::Dist;
 use super::progress::{Progress, ProgressEvent};
@@ -31,9 +32,18 @@ pub fn prompt_of(seq: usize, words: u64) -> String {
     p
 }
 
-/// What one request asks for, drawn from `spec`.
-fn draw(spec: &AgentSpec, base: &ChatSpec, seq: usize, rng: &mut SmallRng) -> ChatSpec {
+/// The API of agent (or Poisson request) `i`: the spec's mix in turn, else the run's.
+fn api_of(spec: &AgentSpec, base: &ChatSpec, i: usize) -> Api {
+    match spec.apis.len() {
+        0 => base.api,
+        n => spec.apis[i % n],
+    }
+}
+
+/// What one request in `api` asks for, drawn from `spec`.
+fn draw(spec: &AgentSpec, base: &ChatSpec, api: Api, seq: usize, rng: &mut SmallRng) -> ChatSpec {
     ChatSpec {
+        api,
         prompt: prompt_of(seq, spec.prompt_words.sample(rng)),
         max_tokens: spec.output_tokens.sample(rng).clamp(1, u32::MAX as u64) as u32,
         stream: rng.gen_bool(spec.stream_share.clamp(0.0, 1.0)),
@@ -46,25 +56,45 @@ fn agent_client(client: &HttpClient, user: Option<&str>, name: String) -> HttpCl
     client.with_user(Some(user.map_or(name, str::to_owned)))
 }
 
-/// Runs agent-like load for `duration`; at the deadline the requests in flight are cancelled.
-#[allow(clippy::too_many_arguments)]
-pub async fn run_agents(
+/// Agent-like traffic under way: dropping it (or [`Traffic::stop`]) cancels its requests.
+#[derive(Debug)]
+pub struct Traffic {
+    tasks: JoinSet<()>,
+    /// One result per finished request, in finishing order.
+    pub results: mpsc::UnboundedReceiver<RequestResult>,
+    live: Arc<AtomicU64>,
+    in_flight: Arc<AtomicU64>,
+    started_n: Arc<AtomicU64>,
+    skipped_n: Arc<AtomicU64>,
+}
+
+impl Traffic {
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed) as usize
+    }
+
+    /// Cancels the agents and their requests (the server sees the clients leave).
+    pub async fn stop(&mut self) {
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Starts agent-like traffic through `client`: `arrivals` shaped by `spec`, requests built on
+/// `base` (model, API, ignore_eos). Runs until stopped or dropped.
+pub fn start_traffic(
     client: &HttpClient,
     base: &ChatSpec,
     user: Option<&str>,
     arrivals: Arrivals,
-    spec: AgentSpec,
-    duration: Duration,
-    tick_interval: Duration,
-    progress: &dyn Progress,
-) -> AgentsReport {
+    spec: &AgentSpec,
+) -> Traffic {
     let live = Arc::new(AtomicU64::new(0));
     let in_flight = Arc::new(AtomicU64::new(0));
     let started_n = Arc::new(AtomicU64::new(0));
     let skipped_n = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let deadline = tokio::time::Instant::from_std(start + duration);
-    let (tx, mut rx) = mpsc::unbounded_channel::<RequestResult>();
+    let (tx, rx) = mpsc::unbounded_channel::<RequestResult>();
     let mut tasks: JoinSet<()> = JoinSet::new();
     match arrivals {
         Arrivals::Agents { agents } => {
@@ -77,6 +107,8 @@ pub async fn run_agents(
                     started_n.clone(),
                 );
                 let base = base.clone();
+                let spec = spec.clone();
+                let api = api_of(&spec, &base, i);
                 tasks.spawn(async move {
                     let mut rng = SmallRng::seed_from_u64(spec.seed ^ ((i as u64 + 1) * 0x9E37));
                     // Agents start spread over one mean think time, not all in the same instant.
@@ -87,7 +119,7 @@ pub async fn run_agents(
                         if seq >= MAX_STARTED {
                             return;
                         }
-                        let chat = draw(&spec, &base, seq, &mut rng);
+                        let chat = draw(&spec, &base, api, seq, &mut rng);
                         in_flight.fetch_add(1, Ordering::Relaxed);
                         let r = client.chat(seq, &chat, &live).await;
                         in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -111,6 +143,7 @@ pub async fn run_agents(
                 skipped_n.clone(),
             );
             let base = base.clone();
+            let spec = spec.clone();
             tasks.spawn(async move {
                 let mut rng = SmallRng::seed_from_u64(spec.seed);
                 let gap = Dist::Exponential {
@@ -130,7 +163,7 @@ pub async fn run_agents(
                     if seq >= MAX_STARTED {
                         return;
                     }
-                    let chat = draw(&spec, &base, seq, &mut rng);
+                    let chat = draw(&spec, &base, api_of(&spec, &base, seq), seq, &mut rng);
                     let (client, tx, live, in_flight) =
                         (client.clone(), tx.clone(), live.clone(), in_flight.clone());
                     in_flight.fetch_add(1, Ordering::Relaxed);
@@ -143,7 +176,32 @@ pub async fn run_agents(
             });
         }
     }
-    drop(tx);
+    Traffic {
+        tasks,
+        results: rx,
+        live,
+        in_flight,
+        started_n,
+        skipped_n,
+    }
+}
+
+/// Runs agent-like load for `duration`; at the deadline the requests in flight are cancelled.
+#[allow(clippy::too_many_arguments)]
+pub async fn run_agents(
+    client: &HttpClient,
+    base: &ChatSpec,
+    user: Option<&str>,
+    arrivals: Arrivals,
+    spec: AgentSpec,
+    duration: Duration,
+    tick_interval: Duration,
+    progress: &dyn Progress,
+) -> AgentsReport {
+    let start = Instant::now();
+    let deadline = tokio::time::Instant::from_std(start + duration);
+    let mut traffic = start_traffic(client, base, user, arrivals, &spec);
+    let (live, in_flight) = (traffic.live.clone(), traffic.in_flight.clone());
     let mut results = Vec::new();
     let mut ticks = Vec::new();
     let mut max_in_flight = 0usize;
@@ -157,7 +215,7 @@ pub async fn run_agents(
         tokio::select! {
             biased;
             _ = &mut sleep => break,
-            Some(r) = rx.recv() => {
+            Some(r) = traffic.results.recv() => {
                 max_in_flight = max_in_flight.max(in_flight.load(Ordering::Relaxed) as usize + 1);
                 results.push(r);
             }
@@ -180,11 +238,10 @@ pub async fn run_agents(
         }
     }
     let wall_s = start.elapsed().as_secs_f64();
-    let cancelled_at_deadline = in_flight.load(Ordering::Relaxed) as usize;
+    let cancelled_at_deadline = traffic.in_flight();
     // Dropping the tasks drops their requests' futures: the proxy sees the clients leave.
-    tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
-    while let Ok(r) = rx.try_recv() {
+    traffic.stop().await;
+    while let Ok(r) = traffic.results.try_recv() {
         results.push(r);
     }
     let figures = RequestFigures::of(&results);
@@ -193,9 +250,9 @@ pub async fn run_agents(
         spec,
         duration_s: duration.as_secs_f64(),
         wall_s,
-        started: started_n.load(Ordering::Relaxed) as usize,
+        started: traffic.started_n.load(Ordering::Relaxed) as usize,
         cancelled_at_deadline,
-        skipped: skipped_n.load(Ordering::Relaxed) as usize,
+        skipped: traffic.skipped_n.load(Ordering::Relaxed) as usize,
         client_aggregate_tok_s: (wall_s > 0.0).then(|| figures.completion_tokens as f64 / wall_s),
         figures,
         max_in_flight,

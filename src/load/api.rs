@@ -19,7 +19,29 @@ pub fn parse_api(s: &str) -> Result<Api, String> {
     Api::ALL
         .into_iter()
         .find(|a| a.as_str() == s)
-        .ok_or_else(|| format!("unknown API {s:?}: chat, completions, responses or messages"))
+        .ok_or_else(|| {
+            format!("unknown API {s:?}: chat, completions, responses, messages (or mix)")
+        })
+}
+
+/// The agents' mix of `--api mix`: a team whose agents differ (a chat client, a Codex-style
+/// Responses agent, a Claude-Code-style Messages agent, a completions tool).
+pub const MIX: [Api; 4] = [Api::Chat, Api::Responses, Api::Messages, Api::Completions];
+
+/// The APIs of `--api`: one, several, each in turn (agent i speaks the (i mod n)-th).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiList(pub Vec<Api>);
+
+/// `--api`'s parser: a name, a comma-separated list of names, or `mix` ([`MIX`]).
+pub fn parse_api_list(s: &str) -> Result<ApiList, String> {
+    if s == "mix" {
+        return Ok(ApiList(MIX.to_vec()));
+    }
+    let apis = s
+        .split(',')
+        .map(|n| parse_api(n.trim()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ApiList(apis))
 }
 
 /// The route requests of `api` go to.

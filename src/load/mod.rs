@@ -85,9 +85,11 @@ pub struct LoadArgs {
     #[arg(long, default_value = "60s", value_parser = duration::parse_duration)]
     pub duration: Duration,
     /// The generation API to speak: chat, completions, responses (OpenAI Responses) or messages
-    /// (Anthropic Messages, key sent as x-api-key).
-    #[arg(long, value_parser = api::parse_api, default_value = "chat")]
-    pub api: Api,
+    /// (Anthropic Messages, key sent as x-api-key). With --agents or --poisson also a
+    /// comma-separated list spoken in turn (agent i speaks the (i mod n)-th), or `mix`
+    /// (chat,responses,messages,completions).
+    #[arg(long, value_parser = api::parse_api_list, default_value = "chat")]
+    pub api: api::ApiList,
     /// Stream responses (the default).
     #[arg(long, overrides_with = "no_stream")]
     pub stream: bool,
@@ -305,14 +307,27 @@ impl LoadOptions {
     }
 }
 
-impl From<LoadArgs> for LoadOptions {
-    fn from(a: LoadArgs) -> Self {
+impl TryFrom<LoadArgs> for LoadOptions {
+    type Error = anyhow::Error;
+
+    fn try_from(a: LoadArgs) -> anyhow::Result<Self> {
+        let apis = a.api.0;
+        let Some(&api) = apis.first() else {
+            anyhow::bail!("--api names no API");
+        };
+        if apis.len() > 1 && a.agents.is_none() && a.poisson.is_none() {
+            anyhow::bail!(
+                "several APIs (--api {}) need --agents or --poisson",
+                join_apis(&apis)
+            );
+        }
         let output_tokens = match (a.output_tokens, a.max_tokens) {
             (Some(d), _) => d,
             (None, Some(m)) => Dist::Fixed { value: m as u64 },
             (None, None) => AgentSpec::default().output_tokens,
         };
         let spec = AgentSpec {
+            apis: if apis.len() > 1 { apis } else { Vec::new() },
             think_ms: a.think_ms,
             prompt_words: a.prompt_words,
             output_tokens,
@@ -342,10 +357,10 @@ impl From<LoadArgs> for LoadOptions {
         } else {
             LoadMethod::Burst { levels: a.levels }
         };
-        Self {
+        Ok(Self {
             url: a.url,
             method,
-            api: a.api,
+            api,
             stream: !a.no_stream,
             max_tokens: a.max_tokens,
             model: a.model,
@@ -354,8 +369,16 @@ impl From<LoadArgs> for LoadOptions {
             ignore_eos: a.ignore_eos,
             timeout: a.timeout,
             stats_interval: a.stats_interval,
-        }
+        })
     }
+}
+
+/// `apis` as `--api` spells them.
+fn join_apis(apis: &[Api]) -> String {
+    apis.iter()
+        .map(|a| a.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Runs the load described by `opts`, reporting progress as it goes.
@@ -372,7 +395,7 @@ pub async fn run(opts: LoadOptions, progress: impl Progress) -> anyhow::Result<L
         Some(m) => m.clone(),
         None => client.first_model().await?,
     };
-    let default_max = match opts.method {
+    let default_max = match &opts.method {
         LoadMethod::Burst { .. } => DEFAULT_BURST_MAX_TOKENS,
         LoadMethod::Sustained { .. } => DEFAULT_SUSTAINED_MAX_TOKENS,
         LoadMethod::Agents { spec, .. } => spec.output_tokens.mean().round() as u32,
@@ -411,42 +434,16 @@ pub async fn run(opts: LoadOptions, progress: impl Progress) -> anyhow::Result<L
             duration,
         } => {
             report.method = "sustained";
-            let (detected, note) = stats::probe(&client).await;
-            let start = Instant::now();
-            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
-            let poller = detected.then(|| {
-                tokio::spawn(stats::poll_until(
-                    client.clone(),
-                    start,
-                    opts.stats_interval,
-                    stop_rx,
-                ))
-            });
-            let s = sustained::run_sustained(
+            let run = sustained::run_sustained(
                 &client,
                 &spec,
                 *concurrency,
                 *duration,
                 opts.stats_interval,
                 &progress,
-            )
-            .await;
-            let _ = stop_tx.send(());
-            let mut samples = match poller {
-                Some(h) => h.await.unwrap_or_default(),
-                None => Vec::new(),
-            };
-            if detected {
-                // One sample after the run: the window that closed with it.
-                samples.extend(stats::sample(&client, start).await);
-            }
-            report.proxy = Some(stats::ProxyReport {
-                detected,
-                note,
-                steady_10s: stats::steady_summary(&samples),
-                capacity_production: final_capacity(&client, detected).await,
-                samples,
-            });
+            );
+            let (s, proxy) = with_proxy_stats(&client, opts.stats_interval, run).await;
+            report.proxy = Some(proxy);
             report.sustained = Some(s);
         }
         LoadMethod::Agents {
@@ -458,47 +455,54 @@ pub async fn run(opts: LoadOptions, progress: impl Progress) -> anyhow::Result<L
                 Arrivals::Agents { .. } => "agents",
                 Arrivals::Poisson { .. } => "poisson",
             };
-            let (detected, note) = stats::probe(&client).await;
-            let start = Instant::now();
-            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
-            let poller = detected.then(|| {
-                tokio::spawn(stats::poll_until(
-                    client.clone(),
-                    start,
-                    opts.stats_interval,
-                    stop_rx,
-                ))
-            });
-            let a = agents::run_agents(
+            let run = agents::run_agents(
                 &client,
                 &spec,
                 opts.user.as_deref(),
                 *arrivals,
-                *shape,
+                shape.clone(),
                 *duration,
                 opts.stats_interval,
                 &progress,
-            )
-            .await;
-            let _ = stop_tx.send(());
-            let mut samples = match poller {
-                Some(h) => h.await.unwrap_or_default(),
-                None => Vec::new(),
-            };
-            if detected {
-                samples.extend(stats::sample(&client, start).await);
-            }
-            report.proxy = Some(stats::ProxyReport {
-                detected,
-                note,
-                steady_10s: stats::steady_summary(&samples),
-                capacity_production: final_capacity(&client, detected).await,
-                samples,
-            });
+            );
+            let (a, proxy) = with_proxy_stats(&client, opts.stats_interval, run).await;
+            report.proxy = Some(proxy);
             report.agents = Some(a);
         }
     }
     Ok(report)
+}
+
+/// Runs `run` while sampling a tokenmeter proxy's `/stats` every `interval` (when the server
+/// is one), then reads the window that closed with the run and the final capacity table.
+async fn with_proxy_stats<T>(
+    client: &HttpClient,
+    interval: Duration,
+    run: impl std::future::Future<Output = T>,
+) -> (T, stats::ProxyReport) {
+    let (detected, note) = stats::probe(client).await;
+    let start = Instant::now();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    let poller =
+        detected.then(|| tokio::spawn(stats::poll_until(client.clone(), start, interval, stop_rx)));
+    let out = run.await;
+    let _ = stop_tx.send(());
+    let mut samples = match poller {
+        Some(h) => h.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    if detected {
+        // One sample after the run: the window that closed with it.
+        samples.extend(stats::sample(client, start).await);
+    }
+    let proxy = stats::ProxyReport {
+        detected,
+        note,
+        steady_10s: stats::steady_summary(&samples),
+        capacity_production: final_capacity(client, detected).await,
+        samples,
+    };
+    (out, proxy)
 }
 
 /// The proxy's production-traffic curve after a run: read once the meter's current second is
@@ -517,7 +521,7 @@ async fn final_capacity(
 /// Runs `tokenmeter load` and prints the report (tables, or JSON with `--json`).
 pub async fn run_cli(args: LoadArgs) -> anyhow::Result<()> {
     let json = args.json;
-    let report = run(LoadOptions::from(args), StderrProgress::default()).await?;
+    let report = run(LoadOptions::try_from(args)?, StderrProgress::default()).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

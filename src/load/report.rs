@@ -262,8 +262,11 @@ pub enum Arrivals {
 }
 
 /// The shape of agent-like traffic.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AgentSpec {
+    /// The APIs spoken in turn: agent i (Poisson: request i) speaks the (i mod n)-th; empty: the
+    /// run's one API.
+    pub apis: Vec<super::Api>,
     /// Think time between an answer and the agent's next request, ms (agents only).
     pub think_ms: Dist,
     /// Words in each prompt (about 1.3 tokens per word for most tokenizers).
@@ -279,6 +282,7 @@ pub struct AgentSpec {
 impl Default for AgentSpec {
     fn default() -> Self {
         AgentSpec {
+            apis: Vec::new(),
             think_ms: Dist::Uniform {
                 min: 200,
                 max: 3000,

@@ -133,15 +133,36 @@ fn sustained(out: &mut String, s: &SustainedReport, proxy: Option<&ProxyReport>)
             .as_ref()
             .map_or_else(String::new, |w| format!(" — STOPPED EARLY: {w}"))
     );
-    let _ = writeln!(out, "| Figure | Value |\n|---|---|");
-    let rows = [
-        (
-            "Client aggregate (completed tokens / wall)",
-            format!("{} tok/s", num(s.client_aggregate_tok_s, 1)),
-        ),
+    let mut rows = client_rows(s.client_aggregate_tok_s, f);
+    rows.insert(
+        1,
         (
             "Client aggregate incl. cancelled requests' streamed events",
             format!("{} tok/s", num(s.client_aggregate_incl_partial_tok_s, 1)),
+        ),
+    );
+    rows.push((
+        "Completed ok / failed / cancelled at deadline",
+        format!(
+            "{} / {} / {}",
+            f.requests - f.failures,
+            f.failures,
+            s.cancelled_at_deadline
+        ),
+    ));
+    rows.push(("Max in flight (client)", s.max_in_flight.to_string()));
+    client_table(out, "Figure", &rows, "sustained", f);
+    if let Some(p) = proxy {
+        proxy_windows(out, p, s.client_aggregate_tok_s);
+    }
+}
+
+/// The rows both client tables start with: the aggregate, per-request tok/s, TTFT and wall.
+fn client_rows(aggregate: Option<f64>, f: &RequestFigures) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "Client aggregate (completed tokens / wall)",
+            format!("{} tok/s", num(aggregate, 1)),
         ),
         (
             "Per-request tok/s (min/avg/max)",
@@ -149,24 +170,22 @@ fn sustained(out: &mut String, s: &SustainedReport, proxy: Option<&ProxyReport>)
         ),
         ("TTFT ms (min/avg/max)", mam(f.ttft_ms, 0)),
         ("Request wall ms (min/avg/max)", mam(f.e2e_ms, 0)),
-        (
-            "Completed ok / failed / cancelled at deadline",
-            format!(
-                "{} / {} / {}",
-                f.requests - f.failures,
-                f.failures,
-                s.cancelled_at_deadline
-            ),
-        ),
-        ("Max in flight (client)", s.max_in_flight.to_string()),
-    ];
+    ]
+}
+
+/// A two-column table of `rows` under `header`, then the notes on the run's figures.
+fn client_table(
+    out: &mut String,
+    header: &str,
+    rows: &[(&str, String)],
+    kind: &str,
+    f: &RequestFigures,
+) {
+    let _ = writeln!(out, "| {header} | Value |\n|---|---|");
     for (k, v) in rows {
         let _ = writeln!(out, "| {k} | {v} |");
     }
-    notes(out, "sustained", f);
-    if let Some(p) = proxy {
-        proxy_windows(out, p, s.client_aggregate_tok_s);
-    }
+    notes(out, kind, f);
 }
 
 fn agents(out: &mut String, a: &AgentsReport, proxy: Option<&ProxyReport>) {
@@ -175,43 +194,34 @@ fn agents(out: &mut String, a: &AgentsReport, proxy: Option<&ProxyReport>) {
         Arrivals::Agents { agents } => format!("{agents} agents, think {} ms", a.spec.think_ms),
         Arrivals::Poisson { rate_per_s, .. } => format!("Poisson arrivals, {rate_per_s} /s"),
     };
+    let apis = if a.spec.apis.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<&str> = a.spec.apis.iter().map(|a| a.as_str()).collect();
+        format!("; APIs in turn: {}", names.join(", "))
+    };
     let _ = writeln!(
         out,
-        "\nAgent-like load: {how}; prompts {} words, max_tokens {}, {:.0}% streaming; {:.1} s (wall {:.2} s)\n",
+        "\nAgent-like load: {how}{apis}; prompts {} words, max_tokens {}, {:.0}% streaming; {:.1} s (wall {:.2} s)\n",
         a.spec.prompt_words,
         a.spec.output_tokens,
         a.spec.stream_share * 100.0,
         a.duration_s,
         a.wall_s
     );
-    let _ = writeln!(out, "| Client figure | Value |\n|---|---|");
-    let rows = [
-        (
-            "Client aggregate (completed tokens / wall)",
-            format!("{} tok/s", num(a.client_aggregate_tok_s, 1)),
+    let mut rows = client_rows(a.client_aggregate_tok_s, f);
+    rows.push((
+        "Completed ok / failed / cancelled at deadline / skipped",
+        format!(
+            "{} / {} / {} / {}",
+            f.requests - f.failures,
+            f.failures,
+            a.cancelled_at_deadline,
+            a.skipped
         ),
-        (
-            "Per-request tok/s (min/avg/max)",
-            mam(f.per_request_tok_s, 1),
-        ),
-        ("TTFT ms (min/avg/max)", mam(f.ttft_ms, 0)),
-        ("Request wall ms (min/avg/max)", mam(f.e2e_ms, 0)),
-        (
-            "Completed ok / failed / cancelled at deadline / skipped",
-            format!(
-                "{} / {} / {} / {}",
-                f.requests - f.failures,
-                f.failures,
-                a.cancelled_at_deadline,
-                a.skipped
-            ),
-        ),
-        ("Max in flight (client)", a.max_in_flight.to_string()),
-    ];
-    for (k, v) in rows {
-        let _ = writeln!(out, "| {k} | {v} |");
-    }
-    notes(out, "agents", f);
+    ));
+    rows.push(("Max in flight (client)", a.max_in_flight.to_string()));
+    client_table(out, "Client figure", &rows, "agents", f);
     if let Some(p) = proxy {
         proxy_windows(out, p, a.client_aggregate_tok_s);
     }

@@ -17,9 +17,14 @@
 //!   the proxy counts and its prefill step stalls everyone's decode. A request that has passed no
 //!   token after the cap (a non-streamed one, whose tokens the proxy sees only at the end) closes
 //!   its guard then. The cap is `guard_max_ns`, or twice the longest of the last
-//!   [`RECENT_TTFTS`] first-token delays seen when that is longer: a loaded server's slow first
-//!   tokens must not let their prefill into clean time. `guard_extra_ns` (default 0) extends the guard after the first token
-//!   and opens one after each departure. Time under any guard is *guarded*; the rest is *clean*.
+//!   [`RECENT_TTFTS`] first-token delays seen when that is longer. A capped request whose first
+//!   token does come later (a streamed one with a long prefill, e.g. a burst of arrivals that
+//!   the engine prefills in one step) makes the time from the cap to that token guarded after
+//!   all: that time is not final yet (see below), so nothing reported ever counted it as clean.
+//!   Without this, the start of a run, where all agents arrive at once and wait seconds for
+//!   their joint prefill, put seconds without a single token into the top level's clean time.
+//!   `guard_extra_ns` (default 0) extends the guard after the first token and opens one after
+//!   each departure. Time under any guard is *guarded*; the rest is *clean*.
 //! * Per level N: clean seconds, the tokens credited to them, the aggregate rate
 //!   `clean tokens / clean seconds`, and (to measure the guard's effect) the same over all the
 //!   time at N, guarded included.
@@ -101,6 +106,9 @@ pub struct LevelAttribution {
     open_guards: HashSet<u64>,
     /// Arrival times of requests whose first token has not passed (their guard may be closed).
     arrivals: HashMap<u64, UnixNanos>,
+    /// Requests of `arrivals` whose guard the cap closed, with the time it closed: their first
+    /// token, if it comes, makes the time since then guarded.
+    capped: HashMap<u64, UnixNanos>,
     /// The last first-token delays, ns.
     recent_ttft: VecDeque<u64>,
     /// Deadlines: (when, key); key 0 is an anonymous extra guard.
@@ -129,6 +137,7 @@ impl LevelAttribution {
             history,
             open_guards: HashSet::new(),
             arrivals: HashMap::new(),
+            capped: HashMap::new(),
             recent_ttft: VecDeque::new(),
             deadlines: BinaryHeap::new(),
             extra_guards: 0,
@@ -184,6 +193,9 @@ impl LevelAttribution {
                 let t = t.max(self.now);
                 self.now = t;
                 self.split(t);
+                if key != 0 && self.arrivals.contains_key(&key) {
+                    self.capped.insert(key, t);
+                }
             }
         }
         if now > self.now {
@@ -226,9 +238,25 @@ impl LevelAttribution {
             }
             self.recent_ttft.push_back(now.saturating_sub(arrival));
         }
+        if let Some(closed) = self.capped.remove(&key.0) {
+            self.guard_since(closed);
+            self.extra_guard(self.now);
+            self.split(self.now);
+        }
         if self.open_guards.remove(&key.0) {
             self.extra_guard(self.now);
             self.split(self.now);
+        }
+    }
+
+    /// Marks the time from `since` (a segment boundary: the cap's close) to now guarded. None of
+    /// it is final: finalization waits for every open request's first token.
+    fn guard_since(&mut self, since: UnixNanos) {
+        for s in self.history.iter_mut().rev() {
+            if s.start < since {
+                break;
+            }
+            s.guarded = true;
         }
     }
 
@@ -238,6 +266,7 @@ impl LevelAttribution {
         self.advance(now);
         self.open_guards.remove(&key.0);
         self.arrivals.remove(&key.0);
+        self.capped.remove(&key.0);
         self.level = self.level.saturating_sub(1);
         self.extra_guard(self.now);
         self.split(self.now);
@@ -479,14 +508,40 @@ mod tests {
         let k = a.arrive(0);
         a.first_token(1500 * MS, k);
         a.depart(2 * S, k);
-        // The first guard closed at the 1 s cap; the next request passes no token, and its guard
-        // lasts twice the 1.5 s first-token delay seen.
+        // The first guard closed at the 1 s cap, and its first token at 1.5 s made the time
+        // since guarded; the next request passes no token, and its guard lasts twice the 1.5 s
+        // first-token delay seen.
         let k = a.arrive(10 * S);
         a.advance(20 * S);
         a.depart(20 * S, k);
         a.advance(21 * S);
         a.finalize_before(21 * S);
-        assert_eq!(a.sums()[&1].guard_ns, S + 3 * S);
+        assert_eq!(a.sums()[&1].guard_ns, 1500 * MS + 3 * S);
+    }
+
+    #[test]
+    fn a_first_token_after_the_cap_guards_the_time_since_the_cap() {
+        // Two requests arrive together and wait 2.5 s for their joint prefill (a cold burst):
+        // the cap closes both guards at 1 s, their first tokens at 2.5 s take that back.
+        let mut a = LevelAttribution::new(GuardConfig::default(), 0);
+        let k1 = a.arrive(0);
+        let k2 = a.arrive(0);
+        a.advance(1200 * MS);
+        a.first_token(2500 * MS, k1);
+        a.first_token(2500 * MS, k2);
+        a.tokens(0, 2500 * MS, 2.0);
+        for i in 1..=10u64 {
+            let t = 2500 * MS + i * 100 * MS;
+            a.tokens(t - 100 * MS, t, 2.0);
+        }
+        a.depart(3500 * MS, k1);
+        a.depart(3500 * MS, k2);
+        a.finalize_before(4 * S);
+        let s = a.sums()[&2];
+        assert_eq!(s.guard_ns, 2500 * MS);
+        assert_eq!(s.clean_ns, S);
+        assert!((s.clean_tokens - 20.0).abs() < 1e-9);
+        assert!((s.guard_tokens - 2.0).abs() < 1e-9);
     }
 
     #[test]

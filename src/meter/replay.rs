@@ -136,6 +136,8 @@ pub struct SteadyRun {
     pub in_flight: u32,
     /// Completion tokens attributed to the run's seconds.
     pub gen_tokens: f64,
+    /// Sum of the run's seconds' in-flight integrals (request-seconds).
+    pub in_flight_area: f64,
 }
 
 /// The timeline after the sweep: every active second (level > 0 at some point, or anything
@@ -187,16 +189,27 @@ impl ReplayTimeline {
 
     /// Maximal runs of at least `min_len` consecutive seconds steady at the same level.
     pub fn steady_runs(&self, min_len: u64) -> Vec<SteadyRun> {
+        self.runs_by(min_len, |s| s.bucket.steady_level())
+    }
+
+    /// Maximal runs of at least `min_len` consecutive seconds at the same level by `level`
+    /// (`None`: the second is not steady).
+    pub fn runs_by(
+        &self,
+        min_len: u64,
+        level: impl Fn(&ReplaySecond) -> Option<u32>,
+    ) -> Vec<SteadyRun> {
         let mut out = Vec::new();
         let mut cur: Option<SteadyRun> = None;
         for s in &self.seconds {
-            let level = s.bucket.steady_level();
+            let level = level(s);
             let extends = matches!((&cur, level), (Some(c), Some(n))
                 if c.in_flight == n && c.start_sec + c.seconds == s.sec);
             if extends {
                 if let Some(c) = cur.as_mut() {
                     c.seconds += 1;
                     c.gen_tokens += s.bucket.gen_tokens;
+                    c.in_flight_area += s.bucket.in_flight_area;
                 }
                 continue;
             }
@@ -208,6 +221,7 @@ impl ReplayTimeline {
                 seconds: 1,
                 in_flight: n,
                 gen_tokens: s.bucket.gen_tokens,
+                in_flight_area: s.bucket.in_flight_area,
             });
         }
         if let Some(c) = cur.filter(|c| c.seconds >= min_len.max(1)) {

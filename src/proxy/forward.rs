@@ -9,7 +9,6 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
 
 use crate::clock::Clock;
 use crate::config::ServeConfig;
@@ -17,56 +16,19 @@ use crate::dialect::{Dialect, StreamUsage};
 use crate::error::ProxyError;
 use crate::fleet::{Load, Upstreams};
 use crate::fold::Fold;
-use crate::health::Health;
 use crate::proxy::body::{MeteredBody, Reading};
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity::{self, Clues};
-use crate::proxy::reload::LiveUsers;
 use crate::proxy::request::{inject_include_usage, RequestInfo};
 use crate::proxy::sniff::Verdict;
-use crate::proxy::tracker::{RequestMeta, Tracker, TrackerShared};
+use crate::proxy::state::ProxyState;
+use crate::proxy::tracker::{RequestMeta, Tracker};
 use crate::proxy::upgrade;
+use crate::proxy::upstream_error::classify_client_error;
 use crate::proxy::ProxyBody;
 use crate::record::Outcome;
 use crate::sse::SseScanner;
-use crate::tls::{ListenerTls, UpstreamConnector};
-
-/// What every request of one proxy shares. Built once; each further serving thread takes a copy
-/// with a pool of its own ([`ProxyState::with_pool`]).
-#[derive(Clone)]
-pub struct ProxyState {
-    /// Settings.
-    pub config: ServeConfig,
-    /// The upstream replicas and the balancer's state.
-    pub upstreams: Arc<Upstreams>,
-    /// Pooled keep-alive connections to the upstream.
-    pub client: Client<UpstreamConnector, Full<Bytes>>,
-    /// What `client` connects with (serving threads build their own client from it).
-    pub connector: UpstreamConnector,
-    /// Readiness: upstream connection failures are reported to it.
-    pub health: Arc<Health>,
-    /// TLS for client connections, when configured.
-    pub tls: Option<Arc<ListenerTls>>,
-    /// `request_id_header`, parsed.
-    pub request_id_header: http::HeaderName,
-    /// The user settings, as last reloaded (read these, not `config.users`).
-    pub users: Arc<LiveUsers>,
-    /// Measurement state shared by all requests.
-    pub trackers: Arc<TrackerShared>,
-    /// `/stats*` handler on this listener, when stats are served here.
-    pub stats: Option<axum::Router>,
-}
-
-impl ProxyState {
-    /// A copy of this state with `client` as its upstream pool: a pooled connection's task lives
-    /// on the runtime that opened it, so every serving thread needs its own.
-    pub fn with_pool(&self, client: Client<UpstreamConnector, Full<Bytes>>) -> ProxyState {
-        ProxyState {
-            client,
-            ..self.clone()
-        }
-    }
-}
+use crate::traceparent::TraceParent;
 
 /// Handles one request; never fails (every error is an HTTP answer). `framing` is what the head
 /// sniffer found on this connection.
@@ -191,6 +153,10 @@ async fn forward(
         stream: None,
         n: None,
         bytes_in: 0,
+        trace: parts
+            .headers
+            .get("traceparent")
+            .and_then(|v| TraceParent::parse(v.as_bytes())),
     };
     let mut tracker = Tracker::start(state.trackers.clone(), t0, meta.clone(), metered);
     let rid = match &meta.client_request_id {
@@ -560,53 +526,6 @@ async fn read_body(
         )),
         Err(_) => Err((ProxyError::body_timeout(), "request body timeout")),
     }
-}
-
-/// Maps a client error to the answer, the outcome and a secret-free reason.
-fn classify_client_error(
-    e: &hyper_util::client::legacy::Error,
-) -> (ProxyError, Outcome, &'static str) {
-    if e.is_connect() {
-        // The connector's own timeout arrives as an io::Error of kind TimedOut wrapping tokio's
-        // Elapsed; either, anywhere in the chain, is a timeout.
-        let timed_out = io_kind(e) == Some(std::io::ErrorKind::TimedOut)
-            || in_chain::<tokio::time::error::Elapsed>(e);
-        let why = if timed_out {
-            "connect timeout"
-        } else if let Some(tls) = crate::tls::tls_failure(e) {
-            tls
-        } else if io_kind(e) == Some(std::io::ErrorKind::ConnectionRefused) {
-            "connection refused"
-        } else {
-            "cannot connect"
-        };
-        return (ProxyError::bad_gateway(why), Outcome::ProxyError, why);
-    }
-    let why = "upstream closed the connection before answering";
-    (ProxyError::bad_gateway(why), Outcome::UpstreamAborted, why)
-}
-
-/// Whether an error of type `T` is `e` or one of its sources.
-fn in_chain<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if err.is::<T>() {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
-}
-
-fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            return Some(io.kind());
-        }
-        cur = err.source();
-    }
-    None
 }
 
 fn reject(tracker: Tracker, err: ProxyError, why: &str) -> Response<ProxyBody> {

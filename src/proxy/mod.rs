@@ -1,4 +1,5 @@
-//! `tokenmeter serve`: the listener, connection handling, graceful shutdown.
+//! `tokenmeter serve`: the proxy's handle, its start (the shared state, the listeners, the admin
+//! stats thread) and its shutdown; the serving threads and the acceptor are in `serving.rs`.
 
 mod body;
 mod forward;
@@ -7,9 +8,12 @@ pub mod identity;
 pub mod reload;
 pub mod request;
 pub mod serve_cli;
+mod serving;
 pub mod sniff;
+mod state;
 mod tracker;
 mod upgrade;
+mod upstream_error;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -23,16 +27,16 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
+use serving::{accept_loop, serve_on_own_thread, serving_threads, upstream_client, Background};
+
 pub use body::BoxError;
-pub use forward::ProxyState;
 pub use headers::strip_hop_by_hop;
+pub use state::ProxyState;
 pub use tracker::{InFlight, RequestMeta, Tracker, TrackerShared};
 
 use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
@@ -46,7 +50,7 @@ use crate::meter::{
 };
 use crate::observe::Observer;
 use crate::scrape::{spawn_scraper, SampleSink, ScrapeConfig, ScrapeCounters};
-use crate::tls::{ListenerTls, UpstreamConnector};
+use crate::tls::ListenerTls;
 
 /// The body of every response the proxy sends.
 pub enum ProxyBody {
@@ -259,7 +263,7 @@ pub async fn spawn_with_time(
     let otlp = match config.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
         Some(endpoint) => {
             let interval = Duration::from_millis(config.otlp_export_interval_ms);
-            let export = crate::otlp::OtlpExport::start(endpoint, interval)
+            let export = crate::otlp::OtlpExport::start(endpoint, interval, config.otlp_traces)
                 .with_context(|| format!("otlp_endpoint {endpoint}"))?;
             observers.push(export.clone());
             Some(export)
@@ -468,253 +472,4 @@ fn serve_stats_on_own_thread(
             });
         })?;
     Ok((stop, thread))
-}
-
-/// Pooled keep-alive connections to the upstream, for one serving thread.
-fn upstream_client(
-    config: &ServeConfig,
-    connector: UpstreamConnector,
-) -> Client<UpstreamConnector, http_body_util::Full<Bytes>> {
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_millis(config.timeouts.pool_idle_ms))
-        .pool_timer(TokioTimer::new())
-        .http1_max_buf_size(64 * 1024)
-        .build(connector)
-}
-
-/// Threads that accept and serve connections: one per core unless `serving_threads` says.
-fn serving_threads(config: &ServeConfig) -> usize {
-    match config.serving_threads {
-        0 => std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
-        n => n,
-    }
-}
-
-/// A serving thread: where to hand it connections, word of its end, and the thread to join.
-struct ServingThread {
-    conns: tokio::sync::mpsc::UnboundedSender<(std::net::TcpStream, SocketAddr)>,
-    done: oneshot::Receiver<()>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-/// Serves the connections it is handed on a thread with a single-threaded runtime of its own, as
-/// nginx's workers do: a connection, its upstream connection and every wakeup between them stay
-/// on one thread. On tokio's shared multi-threaded runtime, workers woke each other (a futex call
-/// for about one streamed event in seven at 16 streams).
-fn serve_on_own_thread(
-    index: usize,
-    replacement: bool,
-    shared: Arc<ProxyState>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> anyhow::Result<ServingThread> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (conns, mut incoming) = tokio::sync::mpsc::unbounded_channel();
-    let (done, finished) = oneshot::channel();
-    let thread = std::thread::Builder::new()
-        .name(format!("tokenmeter-serve-{index}"))
-        .spawn(move || {
-            runtime.block_on(async move {
-                // Each thread pools its own upstream connections (a pooled connection's task
-                // lives on the runtime that opened it); the first uses the template's pool, a
-                // replacement never (the pool's tasks died with the thread it replaces).
-                let state = if index == 0 && !replacement {
-                    shared
-                } else {
-                    Arc::new(
-                        shared.with_pool(upstream_client(&shared.config, shared.connector.clone())),
-                    )
-                };
-                let builder = connection_builder(&state.config);
-                let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-                let mut tasks = JoinSet::new();
-                let pace = tokio::spawn(pacemaker());
-                loop {
-                    tokio::select! {
-                        _ = stop.wait_for(|stopped| *stopped) => break,
-                        handed = incoming.recv() => {
-                            let Some((stream, remote)) = handed else { break };
-                            while tasks.try_join_next().is_some() {}
-                            let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
-                                continue;
-                            };
-                            let st = state.clone();
-                            let verdict = Arc::new(sniff::Verdict::default());
-                            let v = verdict.clone();
-                            let svc = service_fn(move |req| {
-                                forward::handle(st.clone(), req, remote, v.clone())
-                            });
-                            let max_head = state.config.max_header_bytes;
-                            match &state.tls {
-                                None => {
-                                    let io = sniff::Sniffed::new(stream, max_head, verdict);
-                                    let conn = builder.serve_connection(TokioIo::new(io), svc);
-                                    let fut = graceful.watch(conn);
-                                    tasks.spawn(async move {
-                                        let _ = fut.await;
-                                    });
-                                }
-                                Some(tls) => {
-                                    // The handshake runs in the connection's task, bounded like
-                                    // a request head: a client that never finishes it holds
-                                    // nothing else up. Plain HTTP here fails it and is closed.
-                                    let acceptor = tls.acceptor();
-                                    let watcher = graceful.watcher();
-                                    let builder = builder.clone();
-                                    let limit =
-                                        Duration::from_millis(state.config.timeouts.head_read_ms);
-                                    tasks.spawn(async move {
-                                        let hs =
-                                            tokio::time::timeout(limit, acceptor.accept(stream));
-                                        let Ok(Ok(tls)) = hs.await else { return };
-                                        let io = sniff::Sniffed::new(tls, max_head, verdict);
-                                        let conn = builder.serve_connection(TokioIo::new(io), svc);
-                                        let _ = watcher.watch(conn).await;
-                                    });
-                                }
-                            }
-                        }
-                    }
-                }
-                let grace = Duration::from_secs(state.config.shutdown_grace_s);
-                if tokio::time::timeout(grace, graceful.shutdown())
-                    .await
-                    .is_err()
-                {
-                    tracing::warn!(
-                        in_flight = state.trackers.in_flight.current(),
-                        "grace period over: closing the remaining connections"
-                    );
-                }
-                tasks.abort_all();
-                pace.abort();
-                while tasks.join_next().await.is_some() {}
-            });
-            let _ = done.send(());
-        })?;
-    Ok(ServingThread {
-        conns,
-        done: finished,
-        thread,
-    })
-}
-
-/// How often a serving thread's [`pacemaker`] ticks.
-const PACE: Duration = Duration::from_millis(500);
-
-/// Keeps a timer due within [`PACE`] pending on a serving thread's runtime. Tokio wakes its own
-/// I/O driver (an eventfd write, then one more `epoll_wait`) whenever a timer is armed that is
-/// due sooner than every pending one; hyper arms its head-read timer each time a keep-alive
-/// connection waits for its next request, and the request and body timers are armed per request,
-/// so without a nearer timer most requests paid those two system calls (strace: 200 eventfd
-/// writes in 200 streamed requests on one connection). With this tick pending, no per-request
-/// timer is ever the soonest: two wakeups a second per thread instead.
-async fn pacemaker() {
-    loop {
-        tokio::time::sleep(PACE).await;
-    }
-}
-
-/// The HTTP/1 server settings of every client connection.
-fn connection_builder(cfg: &ServeConfig) -> http1::Builder {
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(cfg.timeouts.head_read_ms))
-        .max_header_size(cfg.max_header_bytes)
-        // Also bounds what hyper queues for a client that stops reading (backpressure, not memory).
-        .max_buf_size(cfg.max_header_bytes.max(8192))
-        .half_close(false)
-        // One buffer and one write(2) per frame: events are a few hundred bytes, so copying them
-        // after the chunk-size line costs less than hyper's queue of three slices for writev.
-        .writev(false)
-        .keep_alive(true);
-    builder
-}
-
-/// What runs beside the serving threads and stops with them.
-struct Background {
-    /// Scrapers and the model refresh: aborted when shutdown starts.
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// The OTLP exporter: flushed once every request has finished.
-    otlp: Option<Arc<crate::otlp::OtlpExport>>,
-}
-
-/// Accepts connections and hands them to the serving threads in turn (an even spread: with a
-/// listener shared by the threads, a burst of keep-alive connections could land mostly on one);
-/// at shutdown stops accepting, lets the threads drain, and closes the log.
-async fn accept_loop(
-    listener: TcpListener,
-    mut shutdown: oneshot::Receiver<()>,
-    stop: tokio::sync::watch::Sender<bool>,
-    mut serving: Vec<ServingThread>,
-    state: Arc<ProxyState>,
-    log: Option<Arc<AccessLogWriter>>,
-    background: Background,
-) {
-    let mut next = 0usize;
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let (stream, remote) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        // Out of descriptors and the like: back off instead of spinning.
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let Ok(stream) = stream.into_std() else { continue };
-                let i = next % serving.len();
-                next = next.wrapping_add(1);
-                if let Err(refused) = serving[i].conns.send((stream, remote)) {
-                    // Its thread is gone (a panic outside any connection task): say so, start
-                    // a replacement, and hand this connection to it rather than close it.
-                    tracing::error!(thread = i, "a serving thread died; starting a replacement");
-                    match serve_on_own_thread(i, true, state.clone(), stop.subscribe()) {
-                        Ok(t) => {
-                            let _ = t.conns.send(refused.0);
-                            let dead = std::mem::replace(&mut serving[i], t);
-                            if let Err(panic) = dead.thread.join() {
-                                tracing::error!(thread = i, panic = ?panic.downcast_ref::<&str>(), "the dead serving thread panicked");
-                            }
-                        }
-                        Err(e) => {
-                            tracing::error!(thread = i, error = %e, "cannot start a replacement serving thread; the connection is closed");
-                        }
-                    }
-                }
-            }
-        }
-    }
-    drop(listener);
-    // No more samples once shutdown starts: the log is about to close.
-    for task in background.tasks {
-        task.abort();
-    }
-    tracing::info!(
-        in_flight = state.trackers.in_flight.current(),
-        grace_s = state.config.shutdown_grace_s,
-        "shutting down: no new connections; waiting for in-flight requests"
-    );
-    state.health.start_draining();
-    let _ = stop.send(true);
-    for t in serving {
-        let _ = t.done.await;
-        // It has sent `done` as its last act, so this returns at once.
-        let _ = t.thread.join();
-    }
-    if let Some(o) = background.otlp {
-        // Records every finished request, then one last export (blocking: off the runtime).
-        let _ = tokio::task::spawn_blocking(move || o.shutdown()).await;
-    }
-    if let Some(log) = log {
-        log.close().await;
-        let (written, dropped, failed) = log.counters().get();
-        tracing::info!(written, dropped, failed, "access log closed");
-    }
 }

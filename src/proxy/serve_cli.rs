@@ -3,6 +3,7 @@
 
 use super::{spawn, ProxyHandle};
 use crate::config::ServeArgs;
+use crate::signals::Signals;
 
 /// Runs `tokenmeter serve` until SIGTERM or SIGINT; SIGHUP reopens the access log.
 pub async fn run_cli(args: ServeArgs) -> anyhow::Result<()> {
@@ -16,17 +17,20 @@ pub async fn run_cli(args: ServeArgs) -> anyhow::Result<()> {
     }
     let config = crate::config::load(&args, std::env::vars())?;
     let upstream = config.upstream_label();
+    // Before the "listening on" line: a SIGTERM sent on seeing it must drain, not kill.
+    let signals = Signals::install(true);
     let handle = spawn(config, Vec::new()).await?;
     tracing::info!(upstream = %upstream, "listening on {}", handle.addr());
     if let Some(a) = handle.admin_addr() {
         tracing::info!("stats listening on {a}");
     }
     tracing::info!("dashboard at {}", handle.dashboard_url());
-    wait_for_shutdown_signal(|| {
-        handle.reopen_access_log();
-        reload_from(&handle, &args);
-    })
-    .await;
+    signals
+        .wait(|| {
+            handle.reopen_access_log();
+            reload_from(&handle, &args);
+        })
+        .await;
     handle.shutdown().await;
     Ok(())
 }
@@ -54,22 +58,8 @@ fn reload_from(handle: &ProxyHandle, args: &ServeArgs) {
     tracing::info!(applied = %report.applied.join(", "), "configuration reloaded");
 }
 
-/// Waits for SIGTERM or SIGINT, calling `on_hup` at every SIGHUP.
+/// Installs the handlers, then waits for SIGTERM or SIGINT, calling `on_hup` at every SIGHUP;
+/// for a command that prints nothing a supervisor acts on (`demo`'s own Ctrl-C).
 pub async fn wait_for_shutdown_signal(on_hup: impl Fn()) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = term.recv() => return,
-            _ = int.recv() => return,
-            _ = hup.recv() => on_hup(),
-        }
-    }
+    Signals::install(true).wait(on_hup).await;
 }

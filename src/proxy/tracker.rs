@@ -126,6 +126,8 @@ pub struct RequestMeta {
     pub n: Option<u32>,
     /// Request body bytes.
     pub bytes_in: u64,
+    /// The client's valid W3C `traceparent` header.
+    pub trace: Option<crate::traceparent::TraceParent>,
 }
 
 /// Measurement state of one request.
@@ -525,6 +527,7 @@ impl Tracker {
             server_ttft_ms: self.server.and_then(|s| s.time_to_first_token_ms),
             server_mean_itl_ms: self.server.and_then(|s| s.mean_itl_ms),
             itl,
+            trace: self.meta.trace,
         }
     }
 }

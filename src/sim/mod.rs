@@ -116,9 +116,11 @@ impl SimArgs {
 pub async fn run_cli(args: SimArgs) -> anyhow::Result<()> {
     let cfg = args.to_config()?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    // Before the "listening on" line, like serve's (crate::signals says why).
+    let signals = crate::signals::Signals::install(false);
     let handle = spawn(cfg, listener).await?;
     tracing::info!("tokenmeter sim listening on {}", handle.addr());
-    wait_for_signal().await;
+    signals.wait(|| {}).await;
     let c = handle.counters();
     let lag = handle.step_lag();
     tracing::info!(
@@ -128,21 +130,6 @@ pub async fn run_cli(args: SimArgs) -> anyhow::Result<()> {
     );
     handle.shutdown().await;
     Ok(())
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// Snapshot of the exact ground truth.

@@ -1,0 +1,51 @@
+//! The state every request of one proxy shares, built once at start.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+
+use crate::config::ServeConfig;
+use crate::fleet::Upstreams;
+use crate::health::Health;
+use crate::proxy::reload::LiveUsers;
+use crate::proxy::tracker::TrackerShared;
+use crate::tls::{ListenerTls, UpstreamConnector};
+
+/// What every request of one proxy shares. Built once; each further serving thread takes a copy
+/// with a pool of its own ([`ProxyState::with_pool`]).
+#[derive(Clone)]
+pub struct ProxyState {
+    /// Settings.
+    pub config: ServeConfig,
+    /// The upstream replicas and the balancer's state.
+    pub upstreams: Arc<Upstreams>,
+    /// Pooled keep-alive connections to the upstream.
+    pub client: Client<UpstreamConnector, Full<Bytes>>,
+    /// What `client` connects with (serving threads build their own client from it).
+    pub connector: UpstreamConnector,
+    /// Readiness: upstream connection failures are reported to it.
+    pub health: Arc<Health>,
+    /// TLS for client connections, when configured.
+    pub tls: Option<Arc<ListenerTls>>,
+    /// `request_id_header`, parsed.
+    pub request_id_header: http::HeaderName,
+    /// The user settings, as last reloaded (read these, not `config.users`).
+    pub users: Arc<LiveUsers>,
+    /// Measurement state shared by all requests.
+    pub trackers: Arc<TrackerShared>,
+    /// `/stats*` handler on this listener, when stats are served here.
+    pub stats: Option<axum::Router>,
+}
+
+impl ProxyState {
+    /// A copy of this state with `client` as its upstream pool: a pooled connection's task lives
+    /// on the runtime that opened it, so every serving thread needs its own.
+    pub fn with_pool(&self, client: Client<UpstreamConnector, Full<Bytes>>) -> ProxyState {
+        ProxyState {
+            client,
+            ..self.clone()
+        }
+    }
+}
