@@ -102,6 +102,19 @@ fn the_meter_fills_server_only_when_enabled() {
         .is_err());
 }
 
+/// Waits (up to 5 s) until the writer has written its first line: it then rests for its batch
+/// interval, so what is offered next meets a queue that is not being drained.
+async fn first_line_written(counters: &AccessLogCounters) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while counters.get().0 < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "first line never written"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn samples_share_the_request_queue_and_its_drop_count() {
     let dir = TempDir::new("xcheck-log");
@@ -112,14 +125,7 @@ async fn samples_share_the_request_queue_and_its_drop_count() {
     // has written a line it rests for its batch interval; fifty samples offered then meet a
     // queue of two: most are dropped, and each drop is counted where the requests' are.
     sink.server_sample(Arc::new(sample(T0, 0.0, 0)));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while counters.get().0 < 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "first line never written"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
+    first_line_written(&counters).await;
     for i in 1..51 {
         sink.server_sample(Arc::new(sample(T0 + i * S, i as f64, 0)));
     }
@@ -155,14 +161,7 @@ async fn lines_queued_while_the_writer_rests_are_written_at_close() {
     let (sink, writer) = access_log::spawn(&path, 2, counters.clone()).unwrap();
     sink.server_sample(Arc::new(sample(T0, 0.0, 0)));
     // The first line written: the writer now rests for its batch interval.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while counters.get().0 < 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "first line never written"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
+    first_line_written(&counters).await;
     // Queued during the rest: two fit, the third is dropped and counted; close ends the rest
     // and must write what is queued.
     for i in 1..4 {
