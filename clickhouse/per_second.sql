@@ -1,5 +1,6 @@
 -- analyze's per-second timeline: generated and prompt tokens attributed to each second, and the
--- steady level where the second was steady (NULL otherwise).
+-- level where the second was strictly steady (analyze's `steady_strict`: the level > 0 and no
+-- change inside the second, the seconds the capacity table rests on; NULL otherwise).
 SELECT
     t.sec AS sec,
     t.gen_tokens AS gen_tokens,
