@@ -63,8 +63,22 @@ pub struct DemoArgs {
     pub duration_s: Option<u64>,
 }
 
+/// What ends the demo.
+enum Until {
+    /// `--duration-s`.
+    Elapsed(Duration),
+    /// SIGTERM or SIGINT (Ctrl-C).
+    Signal(crate::signals::Signals),
+}
+
 /// Runs the demo until Ctrl-C (or `--duration-s`).
 pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
+    // The handlers before the "listening on" lines, like serve's (crate::signals says why);
+    // with `--duration-s` none, so a signal keeps its default action.
+    let until = match args.duration_s {
+        Some(s) => Until::Elapsed(Duration::from_secs(s)),
+        None => Until::Signal(crate::signals::Signals::install(true)),
+    };
     let sim_listener = tokio::net::TcpListener::bind(&args.sim_listen)
         .await
         .with_context(|| format!("binding {}", args.sim_listen))?;
@@ -113,9 +127,9 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
         None
     };
     let ticker = tokio::spawn(report_every_10s(proxy.meter().clone()));
-    match args.duration_s {
-        Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
-        None => crate::proxy::serve_cli::wait_for_shutdown_signal(|| {}).await,
+    match until {
+        Until::Elapsed(d) => tokio::time::sleep(d).await,
+        Until::Signal(signals) => signals.wait(|| {}).await,
     }
     if let Some(a) = agents.take() {
         // Aborting the drain drops the traffic, which cancels the agents and their requests.

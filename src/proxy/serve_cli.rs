@@ -57,9 +57,3 @@ fn reload_from(handle: &ProxyHandle, args: &ServeArgs) {
     }
     tracing::info!(applied = %report.applied.join(", "), "configuration reloaded");
 }
-
-/// Installs the handlers, then waits for SIGTERM or SIGINT, calling `on_hup` at every SIGHUP;
-/// for a command that prints nothing a supervisor acts on (`demo`'s own Ctrl-C).
-pub async fn wait_for_shutdown_signal(on_hup: impl Fn()) {
-    Signals::install(true).wait(on_hup).await;
-}
