@@ -10,14 +10,17 @@
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
+
+use common::stats_now;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokenmeter::clock::{Clock, UnixNanos};
+use tokenmeter::clock::UnixNanos;
 use tokenmeter::load::{AgentSpec, Arrivals, Dist, LoadOptions, NoProgress};
 use tokenmeter::meter::levels::{GuardConfig, LevelAttribution};
-use tokenmeter::meter::SnapshotQuery;
 use tokenmeter::observe::Observer;
 use tokenmeter::record::RequestRecord;
 use tokenmeter::sim::SimConfig;
@@ -220,17 +223,7 @@ async fn sixteen_agents_steps_in_clean_time() {
     );
     tokenmeter::load::run(opts, NoProgress).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let live = proxy
-        .meter()
-        .snapshot(
-            Clock::global().now(),
-            SnapshotQuery::default(),
-            "sim",
-            &Default::default(),
-        )
-        .await
-        .unwrap()
-        .capacity_production;
+    let live = stats_now(proxy.meter()).await.capacity_production;
     let lag = sim.step_lag();
     println!(
         "simulator: {} steps, lag mean {:.3} ms, max {:.1} ms, {} resyncs, slip {:.1} ms",

@@ -20,7 +20,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::TestProxy;
+use common::{stats_now, TestProxy};
 use tokenmeter::clock::{Clock, NANOS_PER_SEC};
 use tokenmeter::load::{AgentSpec, Arrivals, Dist, LoadOptions, LoadReport, NoProgress};
 use tokenmeter::meter::levels::ProductionRow;
@@ -76,20 +76,7 @@ fn url(rig: &Rig) -> String {
 
 /// The proxy's current production rows.
 async fn production(rig: &Rig) -> Vec<ProductionRow> {
-    let snap = rig
-        .proxy
-        .handle
-        .as_ref()
-        .unwrap()
-        .meter()
-        .snapshot(
-            Clock::global().now(),
-            SnapshotQuery::default(),
-            "sim",
-            &Default::default(),
-        )
-        .await
-        .unwrap();
+    let snap = stats_now(rig.proxy.handle.as_ref().unwrap().meter()).await;
     snap.capacity_production
 }
 

@@ -15,8 +15,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use scrape_support::*;
-use tokenmeter::clock::Clock;
-use tokenmeter::meter::SnapshotQuery;
 use tokio::net::TcpListener;
 
 const WINDOW_S: u64 = 8;
@@ -33,19 +31,7 @@ async fn proxy(upstream: &str, metrics: Option<&str>) -> TestProxy {
 
 /// The aggregate window as JSON, from the meter at the current instant.
 async fn window(p: &TestProxy) -> serde_json::Value {
-    let snap = p
-        .handle
-        .as_ref()
-        .unwrap()
-        .meter()
-        .snapshot(
-            Clock::global().now(),
-            SnapshotQuery::default(),
-            "sim",
-            &Default::default(),
-        )
-        .await
-        .unwrap();
+    let snap = stats_now(p.handle.as_ref().unwrap().meter()).await;
     let v = serde_json::to_value(&snap).unwrap();
     assert_schema("stats.schema.json", &v);
     v["windows"][format!("{WINDOW_S}s")].clone()

@@ -16,8 +16,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use scrape_support::*;
-use tokenmeter::clock::Clock;
-use tokenmeter::meter::SnapshotQuery;
 
 /// One run of the 10 s measurement: 16 streams through the proxy (plus `bypass` straight to the
 /// simulator) for about 70 s, scraping every 10 s. Prints the live 20 s window every 10 s (it
@@ -54,19 +52,7 @@ async fn measured_run(bypass: usize) -> Vec<serde_json::Value> {
     let mut sixty = serde_json::Value::Null;
     for i in 0..7 {
         sleep_seconds(9, 150).await;
-        let snap = p
-            .handle
-            .as_ref()
-            .unwrap()
-            .meter()
-            .snapshot(
-                Clock::global().now(),
-                SnapshotQuery::default(),
-                "sim",
-                &Default::default(),
-            )
-            .await
-            .unwrap();
+        let snap = stats_now(p.handle.as_ref().unwrap().meter()).await;
         let v = serde_json::to_value(&snap).unwrap();
         let s = v["windows"]["20s"]["server"].clone();
         println!(

@@ -621,3 +621,16 @@ impl TestCerts {
         certs
     }
 }
+
+/// The live `/stats` document of `meter` now, for the default query (upstream named "sim").
+pub async fn stats_now(meter: &tokenmeter::meter::MeterHandle) -> tokenmeter::meter::StatsSnapshot {
+    meter
+        .snapshot(
+            tokenmeter::clock::Clock::global().now(),
+            tokenmeter::meter::SnapshotQuery::default(),
+            "sim",
+            &Default::default(),
+        )
+        .await
+        .unwrap()
+}
