@@ -20,6 +20,8 @@
 // Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
@@ -41,11 +43,6 @@ fn cpu_ns() -> u64 {
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
-}
-
-fn load() -> String {
-    let l = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }
 
 /// Waits until the recording thread has taken `n` records.
@@ -311,7 +308,7 @@ fn main() {
             }
         }
     }
-    println!("load average before: {}", load());
+    println!("load average before: {}", support::loadavg());
     // The proxies' accept loops, the upstream and the receiver run on this runtime's worker
     // while the client blocks the main thread.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -350,5 +347,5 @@ fn main() {
         met.1 - off.1,
         tr.1 - off.1
     );
-    println!("\nload average after: {}", load());
+    println!("\nload average after: {}", support::loadavg());
 }

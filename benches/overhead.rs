@@ -17,6 +17,7 @@ mod procs;
 mod report;
 #[path = "overhead/stats.rs"]
 mod stats;
+mod support;
 
 use rand::SeedableRng;
 use std::path::PathBuf;
@@ -182,21 +183,6 @@ fn parse_opts() -> anyhow::Result<Opts> {
     Ok(o)
 }
 
-/// Raises the soft open-files limit to the hard one (children inherit it) and returns it.
-fn raise_nofile() -> u64 {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    // `None` is "unlimited", RLIM_INFINITY.
-    let hard = getrlimit(Resource::Nofile).maximum;
-    let _ = setrlimit(
-        Resource::Nofile,
-        Rlimit {
-            current: hard,
-            maximum: hard,
-        },
-    );
-    hard.unwrap_or(u64::MAX)
-}
-
 /// The commit the measured binary was built from (best effort: the tree's HEAD).
 fn git_head() -> Option<String> {
     let out = std::process::Command::new("git")
@@ -215,7 +201,7 @@ fn main() -> anyhow::Result<()> {
     stats::self_check();
     client::self_check();
     let mut o = o;
-    let nofile = raise_nofile();
+    let nofile = support::raise_nofile();
     // A proxy holds two descriptors per stream (client side, upstream side).
     let cap = (nofile.saturating_sub(100) / 2) as usize;
     if o.ramp.iter().any(|&n| n > cap) {
@@ -233,7 +219,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let mut rng = rand::rngs::SmallRng::from_entropy();
     let started = std::time::Instant::now();
-    let load_before = report::loadavg();
+    let load_before = support::loadavg();
     let mut res = serde_json::Map::new();
     let has = |p: &str| o.phases.iter().any(|x| x == p);
     let start_env = |gap_ms: f64| {
@@ -273,7 +259,7 @@ fn main() -> anyhow::Result<()> {
     }
     let meta = serde_json::json!({
         "date_utc": report::now_utc(), "nproc": std::thread::available_parallelism().map(std::num::NonZero::get).unwrap_or(0),
-        "loadavg_before": load_before, "loadavg_after": report::loadavg(), "seconds": started.elapsed().as_secs_f64(),
+        "loadavg_before": load_before, "loadavg_after": support::loadavg(), "seconds": started.elapsed().as_secs_f64(),
         "nginx_workers": o.nginx.as_ref().map(|_| o.nginx_workers.clone()), "events_per_request": o.events,
         "gap_ms": o.gap_ms, "cpu_gap_ms": o.cpu_gap_ms, "nofile_limit": nofile, "ramp_steps": o.ramp, "concurrency": o.concurrency, "rounds": o.rounds, "ttft_rounds": o.ttft_rounds, "tm_env": o.tm_env,
         "shape": o.shape.name(), "git_head": git_head(), "bin": o.bin, "bin_before": o.bin_before,

@@ -11,6 +11,8 @@
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -94,24 +96,11 @@ fn snapshot() -> Snapshot {
     }
 }
 
-fn raise_nofile() -> u64 {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let hard = getrlimit(Resource::Nofile).maximum;
-    let _ = setrlimit(
-        Resource::Nofile,
-        Rlimit {
-            current: hard,
-            maximum: hard,
-        },
-    );
-    hard.unwrap_or(u64::MAX)
-}
-
 /// The client child: holds `n` streamed chat requests open at `addr` (each read to its first
 /// event, then read on), prints `held N` once all are, and exits when its stdin closes.
 fn client_main(addr: &str, n: usize) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    raise_nofile();
+    support::raise_nofile();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -196,7 +185,7 @@ fn main() {
         "{} missing: cargo build --release first",
         bin.display()
     );
-    let hard = raise_nofile();
+    let hard = support::raise_nofile();
     // The proxy holds two descriptors per stream.
     let cap = (hard.saturating_sub(100) / 2) as usize;
     for s in &mut steps {
@@ -205,15 +194,10 @@ fn main() {
             *s = cap;
         }
     }
-    let load = || {
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    println!("load average {}, open-files hard limit {hard}", load());
+    println!(
+        "load average {}, open-files hard limit {hard}",
+        support::loadavg()
+    );
 
     let sim_addr = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -299,7 +283,7 @@ fn main() {
             kib(s.bytes - idle.bytes) / n as f64,
             per(s.allocs, idle.allocs),
             (s.rss_kib as f64 - idle.rss_kib as f64) / n as f64,
-            load()
+            support::loadavg()
         );
         classes.push((n, s));
         drop(c.stdin.take());

@@ -19,6 +19,8 @@
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::hint::black_box;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -422,18 +424,11 @@ fn main() {
             }
         }
     }
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    println!(
-        "load average before: {}",
-        load.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
+    println!("load average before: {}", support::loadavg());
     if !e2e_only {
         println!("\n## Stages in isolation (ns per call, median of 15 batches of {n})\n");
         println!("| stage | ns |\n|---|---|");
@@ -469,12 +464,5 @@ fn main() {
             |k: &str| get(&format!("tokenmeter {k}: {part}")) - get(&format!("direct {k}: {part}"));
         println!("| {part} | {:.0} | {:.0} |", d("warm"), d("cold"));
     }
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!(
-        "\nload average after: {}",
-        load.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
+    println!("\nload average after: {}", support::loadavg());
 }

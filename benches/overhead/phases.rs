@@ -164,9 +164,9 @@ pub async fn latency(env: &Env, o: &Opts, rng: &mut impl rand::Rng) -> Value {
             o.ttft_rounds[k],
             o.rounds[k],
             t.elapsed().as_secs_f64(),
-            crate::report::loadavg()
+            crate::support::loadavg()
         );
-        per_arm.insert("loadavg".into(), json!(crate::report::loadavg()));
+        per_arm.insert("loadavg".into(), json!(crate::support::loadavg()));
         out.insert(conc.to_string(), Value::Object(per_arm));
     }
     Value::Object(out)
@@ -236,7 +236,7 @@ pub async fn cpu(env: &Env, o: &Opts, rng: &mut impl rand::Rng) -> Value {
         }
     }
     let mut out = serde_json::Map::new();
-    out.insert("loadavg".into(), json!(crate::report::loadavg()));
+    out.insert("loadavg".into(), json!(crate::support::loadavg()));
     for (i, a) in arms.drain(..).enumerate() {
         out.insert(
             a.to_string(),
@@ -298,7 +298,7 @@ pub async fn ramp(env: &Env, o: &Opts) -> Value {
             tokio::time::sleep(Duration::from_millis(300)).await;
             let held = opened.load(Ordering::SeqCst);
             let rss = rss_kib(&pids);
-            let load = crate::report::loadavg();
+            let load = crate::support::loadavg();
             let _ = tx.send(true);
             let mut ok = 0;
             for t in tasks {

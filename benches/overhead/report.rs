@@ -3,16 +3,6 @@
 use crate::Opts;
 use serde_json::Value;
 
-/// `/proc/loadavg`'s first three fields.
-pub fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// Current UTC time, RFC 3339.
 pub fn now_utc() -> String {
     let f = time::format_description::well_known::Rfc3339;
