@@ -1,9 +1,9 @@
 //! JSON-lines access log: one line per finished request, written by a background task behind a
 //! bounded channel. The data path never waits: when the channel is full the record is dropped and
-//! counted. Lines are written in batches: the writer drains what is queued, flushes, then rests
-//! [`BATCH_INTERVAL`] before it looks again, so a busy proxy wakes it at most every interval
-//! instead of once per request (each wake is a futex call on the serving thread and a context
-//! switch). Reopen (SIGHUP) and shutdown end a rest at once and flush.
+//! counted. Lines are written in batches: the writer looks at its queue on a timer and never
+//! waits on it, so no sender ever wakes it (a wake is a futex call on the serving thread and a
+//! context switch). After a batch it rests [`BATCH_INTERVAL`]; each empty look doubles the rest,
+//! up to [`IDLE_INTERVAL`]. Reopen (SIGHUP) and shutdown end a rest at once and flush.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -17,8 +17,14 @@ use crate::observe::Observer;
 use crate::record::RequestRecord;
 use crate::scrape::ServerSample;
 
-/// How long the writer rests after writing a batch: the most a line waits for its write.
+/// How long the writer rests after writing a batch: the most a line waits for its write while
+/// lines keep coming.
 pub const BATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The longest rest: each look that finds nothing doubles the rest up to this, so an idle proxy
+/// wakes the writer about once a second, and the first line after a quiet spell waits at most
+/// this long (the queue holds `access_log_buffer` lines meanwhile: 65,536 by default).
+pub const IDLE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One line of the access log: a request record, or a sample of the upstream's own metrics.
 #[derive(Debug, Clone)]
@@ -262,29 +268,41 @@ async fn write_loop(
         unflushed: 0,
         counters,
     };
+    let mut rest = BATCH_INTERVAL;
     loop {
+        // Only `try_recv` while the channel is open: the writer never registers a waker on it,
+        // so a sender never wakes this thread (a futex call on the serving thread, then this
+        // thread competing for a core while the next request starts). It looks on a timer.
+        let mut wrote = false;
+        let mut ended = false;
+        loop {
+            match rx.try_recv() {
+                Ok(r) => {
+                    out.write(&r);
+                    wrote = true;
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    ended = true;
+                    break;
+                }
+            }
+        }
+        if wrote {
+            out.flush();
+            rest = BATCH_INTERVAL;
+        } else {
+            rest = (rest * 2).min(IDLE_INTERVAL);
+        }
+        drops.report(&out.counters);
+        if ended {
+            break;
+        }
         tokio::select! {
             biased;
             _ = &mut close => break,
             _ = reopen.notified() => out.reopen(),
-            rec = rx.recv() => match rec {
-                Some(r) => {
-                    out.write(&r);
-                    while let Ok(r) = rx.try_recv() {
-                        out.write(&r);
-                    }
-                    out.flush();
-                    drops.report(&out.counters);
-                    // Not waiting on the channel meanwhile: senders do not wake this thread.
-                    tokio::select! {
-                        biased;
-                        _ = &mut close => break,
-                        _ = reopen.notified() => out.reopen(),
-                        _ = tokio::time::sleep(BATCH_INTERVAL) => {}
-                    }
-                }
-                None => break,
-            },
+            _ = tokio::time::sleep(rest) => {}
         }
     }
     rx.close();
