@@ -4,7 +4,7 @@
 //!
 //! `cargo bench --bench ttft_breakdown -- [--iters 2000]`
 //!
-//! Two parts:
+//! Three parts:
 //! 1. **Stages in isolation**: each piece of `proxy::forward`'s work before the upstream request,
 //!    called through the library with the same inputs the proxy sees, timed per call (median of 15
 //!    batches, the cost of reading the clock subtracted).
@@ -14,8 +14,11 @@
 //!    request path = upstream saw the request − client sent it; response path = client got the
 //!    first byte − upstream wrote it; each minus the same quantity with the client talking to the
 //!    upstream directly. Warm (one keep-alive connection) and cold (a new client connection per
-//!    request, the proxy's upstream pool warm: adds the accept and the hand-off to a serving
-//!    thread).
+//!    request, the proxy's upstream pool warm: adds the accept, on the serving thread whose
+//!    listener the kernel picked).
+//! 3. **The upstream round trip**: request sent -> first body frame through hyper-util's pooled
+//!    client (how the proxy sends) against hyper's own `client::conn` handle on one kept
+//!    connection, same runtime, same raw upstream: what the pool adds per request.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -407,6 +410,69 @@ fn end_to_end(rt: &tokio::runtime::Runtime, n: usize) -> Vec<(String, f64)> {
     out
 }
 
+/// One streamed request through `send`, timed from the call to the first body frame, then read
+/// to its end (so a pooled connection is free for the next).
+async fn timed<F, Fut, E>(send: F) -> u64
+where
+    F: FnOnce(hyper::Request<Full<Bytes>>) -> Fut,
+    Fut: std::future::Future<Output = Result<hyper::Response<hyper::body::Incoming>, E>>,
+    E: std::fmt::Debug,
+{
+    let req = hyper::Request::post("http://127.0.0.1/v1/chat/completions")
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(BODY)))
+        .unwrap();
+    let t0 = monotonic_ns();
+    let mut body = send(req).await.unwrap().into_body();
+    let _first = body.frame().await.unwrap().unwrap();
+    let t1 = monotonic_ns();
+    while body.frame().await.is_some() {}
+    t1 - t0
+}
+
+/// Part 3: the upstream round trip (request sent -> first body frame) through hyper-util's pooled
+/// client, as the proxy sends it, against hyper's own connection handle on one kept connection:
+/// what the pool's checkout and return add per request, against the same raw upstream.
+fn client_paths(rt: &tokio::runtime::Runtime, n: usize) -> (f64, f64) {
+    let up = raw_upstream(Arc::default());
+    rt.block_on(async move {
+        let pooled: hyper_util::client::legacy::Client<_, Full<Bytes>> =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_timer(hyper_util::rt::TokioTimer::new())
+                .build_http();
+        let uri: http::Uri = format!("http://{up}/v1/chat/completions").parse().unwrap();
+        let stream = tokio::net::TcpStream::connect(up).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (mut conn, task) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(task);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for i in 0..n + 50 {
+            let u = uri.clone();
+            let ta = timed(|mut r| {
+                *r.uri_mut() = u;
+                pooled.request(r)
+            })
+            .await;
+            conn.ready().await.unwrap();
+            let tb = timed(|mut r| {
+                *r.uri_mut() = "/v1/chat/completions".parse().unwrap();
+                conn.send_request(r)
+            })
+            .await;
+            // The first few connect and warm up.
+            if i >= 50 {
+                a.push(ta as f64);
+                b.push(tb as f64);
+            }
+        }
+        (median(&mut a), median(&mut b))
+    })
+}
+
 fn main() {
     let mut n = 2000;
     let mut e2e_only = false;
@@ -464,5 +530,14 @@ fn main() {
             |k: &str| get(&format!("tokenmeter {k}: {part}")) - get(&format!("direct {k}: {part}"));
         println!("| {part} | {:.0} | {:.0} |", d("warm"), d("cold"));
     }
+    let (pooled, own) = client_paths(&rt, n);
+    println!("\n## Upstream round trip, request sent -> first frame (median ns over {n})\n");
+    println!("| client | ns |\n|---|---|");
+    println!("| hyper-util pooled client (the proxy's) | {pooled:.0} |");
+    println!("| hyper client::conn on one kept connection | {own:.0} |");
+    println!(
+        "| difference (the pool's checkout and return) | {:.0} |",
+        pooled - own
+    );
     println!("\nload average after: {}", support::loadavg());
 }

@@ -32,7 +32,10 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
-use serving::{accept_loop, serve_on_own_thread, serving_threads, upstream_client, Background};
+use serving::{
+    bind_listeners, serve_on_own_thread, serving_threads, supervise, upstream_client, Background,
+    Serving,
+};
 
 pub use body::BoxError;
 pub use headers::strip_hop_by_hop;
@@ -216,16 +219,17 @@ pub async fn spawn(
 
 /// [`spawn`], measuring on `time`: tests pass [`TimeSource::manual`] and advance it between the
 /// events they script, so TTFT, ITL and durations come out exact. Timeouts stay on real time.
+// Async though it awaits nothing: it binds listeners and spawns the supervisor on the caller's
+// runtime, so it must be called on one, which an `async fn` says in its type.
+#[allow(clippy::unused_async)]
 pub async fn spawn_with_time(
     config: ServeConfig,
     mut observers: Vec<Arc<dyn Observer>>,
     time: TimeSource,
 ) -> anyhow::Result<ProxyHandle> {
     config.validate()?;
-    let listener = TcpListener::bind(config.listen_addr()?)
-        .await
+    let (addr, listeners) = bind_listeners(config.listen_addr()?, serving_threads(&config))
         .with_context(|| format!("binding {}", config.listen))?;
-    let addr = listener.local_addr()?;
     let counters = Arc::new(AccessLogCounters::default());
     let mut log = None;
     let mut log_sink = None;
@@ -377,20 +381,27 @@ pub async fn spawn_with_time(
     });
     let (tx, rx) = oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut serving = Vec::new();
-    for i in 0..serving_threads(&state.config) {
-        serving.push(serve_on_own_thread(
+    let exited = tokio::sync::mpsc::unbounded_channel();
+    let mut threads = Vec::new();
+    for (i, listener) in listeners.into_iter().enumerate() {
+        threads.push(Some(serve_on_own_thread(
             i,
             false,
             state.clone(),
             stop_rx.clone(),
-        )?);
+            listener,
+            exited.0.clone(),
+        )?));
     }
-    let task = tokio::spawn(accept_loop(
-        listener,
+    let serving = Serving {
+        addr,
+        threads,
+        exited,
+    };
+    let task = tokio::spawn(supervise(
+        serving,
         rx,
         stop_tx,
-        serving,
         state.clone(),
         log.clone(),
         Background {

@@ -1,5 +1,6 @@
-//! The serving threads: one single-threaded runtime per core that serves the connections the
-//! acceptor hands it (nginx's worker model), the acceptor itself, and the drain at shutdown.
+//! The serving threads: one single-threaded runtime per core that accepts on a listener of its
+//! own (`SO_REUSEPORT`) and serves what it accepts (nginx's worker model with `reuseport`), their
+//! supervisor, and the drain at shutdown.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,31 +41,83 @@ pub(super) fn serving_threads(config: &ServeConfig) -> usize {
     }
 }
 
-/// A serving thread: where to hand it connections, word of its end, and the thread to join.
+/// Binds `n` listeners to `addr` with `SO_REUSEPORT`, one per serving thread: the kernel spreads
+/// new connections over them, and the thread whose listener is ready accepts on its own runtime.
+/// (A shared acceptor woke one thread to accept and then another to serve: a channel send and
+/// a cross-thread wakeup before each new connection's first byte.) The first fixes the port
+/// when `addr` asks for port 0. Returns the bound address and the listeners, non-blocking.
+///
+/// A port another process listens on is refused ("address in use"), as a plain bind would be:
+/// sockets that all set `SO_REUSEPORT` may share a port, so a second tokenmeter on the same
+/// port would otherwise take half of the first one's connections without a word.
+pub(super) fn bind_listeners(
+    addr: SocketAddr,
+    n: usize,
+) -> std::io::Result<(SocketAddr, Vec<std::net::TcpListener>)> {
+    if addr.port() != 0 {
+        drop(std::net::TcpListener::bind(addr)?);
+    }
+    let first = reuseport_listener(addr)?;
+    let bound = first.local_addr()?;
+    let mut all = vec![first];
+    for _ in 1..n {
+        all.push(reuseport_listener(bound)?);
+    }
+    Ok((bound, all))
+}
+
+/// One listener on `addr` that others may share (`SO_REUSEPORT`), as tokio's own bind would make
+/// it otherwise (`SO_REUSEADDR`, a backlog of 1,024). Called on a runtime (the listener is
+/// registered, then handed over as a std listener for another runtime to take).
+fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)?.into_std()
+}
+
+/// A serving thread as its supervisor sees it.
 pub(super) struct ServingThread {
-    conns: tokio::sync::mpsc::UnboundedSender<(std::net::TcpStream, SocketAddr)>,
-    done: oneshot::Receiver<()>,
     thread: std::thread::JoinHandle<()>,
 }
 
-/// Serves the connections it is handed on a thread with a single-threaded runtime of its own, as
-/// nginx's workers do: a connection, its upstream connection and every wakeup between them stay
-/// on one thread. On tokio's shared multi-threaded runtime, workers woke each other (a futex call
-/// for about one streamed event in seven at 16 streams).
+/// Tells the supervisor that serving thread `index` ended, whichever way: sent when dropped, so
+/// a thread that unwinds from a panic says so too.
+struct ExitNotice {
+    index: usize,
+    exited: tokio::sync::mpsc::UnboundedSender<usize>,
+}
+
+impl Drop for ExitNotice {
+    fn drop(&mut self) {
+        let _ = self.exited.send(self.index);
+    }
+}
+
+/// Accepts on `listener` and serves what it accepts on a thread with a single-threaded runtime of
+/// its own, as nginx's workers do: a connection, its upstream connection and every wakeup between
+/// them stay on one thread. On tokio's shared multi-threaded runtime, workers woke each other (a
+/// futex call for about one streamed event in seven at 16 streams).
 pub(super) fn serve_on_own_thread(
     index: usize,
     replacement: bool,
     shared: Arc<ProxyState>,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    listener: std::net::TcpListener,
+    exited: tokio::sync::mpsc::UnboundedSender<usize>,
 ) -> anyhow::Result<ServingThread> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let (conns, mut incoming) = tokio::sync::mpsc::unbounded_channel();
-    let (done, finished) = oneshot::channel();
     let thread = std::thread::Builder::new()
         .name(format!("tokenmeter-serve-{index}"))
         .spawn(move || {
+            let notice = ExitNotice { index, exited };
             runtime.block_on(async move {
                 // Each thread pools its own upstream connections (a pooled connection's task
                 // lives on the runtime that opened it); the first uses the template's pool, a
@@ -76,6 +129,13 @@ pub(super) fn serve_on_own_thread(
                         shared.with_pool(upstream_client(&shared.config, shared.connector.clone())),
                     )
                 };
+                let listener = match TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::error!(thread = index, error = %e, "serving thread: cannot take its listener");
+                        return;
+                    }
+                };
                 let builder = connection_builder(&state.config);
                 let graceful = hyper_util::server::graceful::GracefulShutdown::new();
                 let mut tasks = JoinSet::new();
@@ -84,12 +144,18 @@ pub(super) fn serve_on_own_thread(
                 loop {
                     tokio::select! {
                         _ = stop.wait_for(|stopped| *stopped) => break,
-                        handed = incoming.recv() => {
-                            let Some((stream, remote)) = handed else { break };
-                            while tasks.try_join_next().is_some() {}
-                            let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
-                                continue;
+                        accepted = listener.accept() => {
+                            let (stream, remote) = match accepted {
+                                Ok(x) => x,
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "accept failed");
+                                    // Out of descriptors and the like: back off, do not spin.
+                                    tokio::time::sleep(Duration::from_millis(20)).await;
+                                    continue;
+                                }
                             };
+                            let _ = stream.set_nodelay(true);
+                            while tasks.try_join_next().is_some() {}
                             let st = state.clone();
                             let verdict = Arc::new(sniff::Verdict::default());
                             let v = verdict.clone();
@@ -131,6 +197,8 @@ pub(super) fn serve_on_own_thread(
                         }
                     }
                 }
+                // No new connections here from now on; the others' listeners close too.
+                drop(listener);
                 let grace = Duration::from_secs(state.config.shutdown_grace_s);
                 if tokio::time::timeout(grace, graceful.shutdown())
                     .await
@@ -145,13 +213,11 @@ pub(super) fn serve_on_own_thread(
                 pace.abort();
                 while tasks.join_next().await.is_some() {}
             });
-            let _ = done.send(());
+            // The runtime and everything on it is gone before the supervisor hears of the end.
+            drop(runtime);
+            drop(notice);
         })?;
-    Ok(ServingThread {
-        conns,
-        done: finished,
-        thread,
-    })
+    Ok(ServingThread { thread })
 }
 
 /// How often a serving thread's [`pacemaker`] ticks.
@@ -228,57 +294,57 @@ pub(super) struct Background {
     pub(super) otlp: Option<Arc<crate::otlp::OtlpExport>>,
 }
 
-/// Accepts connections and hands them to the serving threads in turn (an even spread: with a
-/// listener shared by the threads, a burst of keep-alive connections could land mostly on one);
-/// at shutdown stops accepting, lets the threads drain, and closes the log.
-pub(super) async fn accept_loop(
-    listener: TcpListener,
+/// The serving threads, and how to start one again.
+pub(super) struct Serving {
+    /// The address the listeners share (a replacement binds it again).
+    pub(super) addr: SocketAddr,
+    /// By index; `None` where a replacement could not be started.
+    pub(super) threads: Vec<Option<ServingThread>>,
+    /// Where threads say they ended ([`ExitNotice`]), and its sending side for replacements.
+    pub(super) exited: (
+        tokio::sync::mpsc::UnboundedSender<usize>,
+        tokio::sync::mpsc::UnboundedReceiver<usize>,
+    ),
+}
+
+/// Watches the serving threads until shutdown: one that ends before it (a panic outside any
+/// connection task) is logged and replaced, with a listener of its own again; its listener's
+/// queue of not yet accepted connections went with it. At shutdown, tells every thread to stop
+/// accepting, lets them drain, and closes the log.
+pub(super) async fn supervise(
+    mut serving: Serving,
     mut shutdown: oneshot::Receiver<()>,
     stop: tokio::sync::watch::Sender<bool>,
-    mut serving: Vec<ServingThread>,
     state: Arc<ProxyState>,
     log: Option<Arc<AccessLogWriter>>,
     background: Background,
 ) {
-    let mut next = 0usize;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let (stream, remote) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        // Out of descriptors and the like: back off instead of spinning.
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
+            Some(i) = serving.exited.1.recv() => {
+                tracing::error!(thread = i, "a serving thread died; starting a replacement");
+                if let Some(dead) = serving.threads[i].take() {
+                    if let Err(panic) = dead.thread.join() {
+                        tracing::error!(thread = i, panic = ?panic.downcast_ref::<&str>(), "the dead serving thread panicked");
                     }
-                };
-                let _ = stream.set_nodelay(true);
-                let Ok(stream) = stream.into_std() else { continue };
-                let i = next % serving.len();
-                next = next.wrapping_add(1);
-                if let Err(refused) = serving[i].conns.send((stream, remote)) {
-                    // Its thread is gone (a panic outside any connection task): say so, start
-                    // a replacement, and hand this connection to it rather than close it.
-                    tracing::error!(thread = i, "a serving thread died; starting a replacement");
-                    match serve_on_own_thread(i, true, state.clone(), stop.subscribe()) {
-                        Ok(t) => {
-                            let _ = t.conns.send(refused.0);
-                            let dead = std::mem::replace(&mut serving[i], t);
-                            if let Err(panic) = dead.thread.join() {
-                                tracing::error!(thread = i, panic = ?panic.downcast_ref::<&str>(), "the dead serving thread panicked");
-                            }
-                        }
-                        Err(e) => {
-                            tracing::error!(thread = i, error = %e, "cannot start a replacement serving thread; the connection is closed");
-                        }
+                }
+                // A thread that dies at once would be replaced in a tight loop: pace it.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let started = reuseport_listener(serving.addr)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|l| {
+                        serve_on_own_thread(i, true, state.clone(), stop.subscribe(), l, serving.exited.0.clone())
+                    });
+                match started {
+                    Ok(t) => serving.threads[i] = Some(t),
+                    Err(e) => {
+                        tracing::error!(thread = i, error = %e, "cannot start a replacement serving thread; the others serve on");
                     }
                 }
             }
         }
     }
-    drop(listener);
     // No more samples once shutdown starts: the log is about to close.
     for task in background.tasks {
         task.abort();
@@ -290,9 +356,14 @@ pub(super) async fn accept_loop(
     );
     state.health.start_draining();
     let _ = stop.send(true);
-    for t in serving {
-        let _ = t.done.await;
-        // It has sent `done` as its last act, so this returns at once.
+    let live = serving.threads.iter().flatten().count();
+    for _ in 0..live {
+        if serving.exited.1.recv().await.is_none() {
+            break;
+        }
+    }
+    for t in serving.threads.into_iter().flatten() {
+        // Its exit notice is its last act, so this returns at once.
         let _ = t.thread.join();
     }
     if let Some(o) = background.otlp {
