@@ -1,9 +1,11 @@
 //! JSON-lines access log: one line per finished request, written by a background task behind a
 //! bounded channel. The data path never waits: when the channel is full the record is dropped and
-//! counted. Lines are written in batches: the writer looks at its queue on a timer and never
-//! waits on it, so no sender ever wakes it (a wake is a futex call on the serving thread and a
-//! context switch). After a batch it rests [`BATCH_INTERVAL`]; each empty look doubles the rest,
-//! up to [`IDLE_INTERVAL`]. Reopen (SIGHUP) and shutdown end a rest at once and flush.
+//! counted. Lines are written in batches: while lines keep coming the writer looks at its queue
+//! on a timer and does not wait on it, so no sender wakes it (a wake is a futex call on the
+//! serving thread, just before the response's last chunk, and a context switch). After a batch
+//! it rests [`BATCH_INTERVAL`]; each empty look doubles the rest, and past [`IDLE_INTERVAL`] it
+//! waits on the queue, so an idle writer sleeps. Reopen (SIGHUP) and shutdown end a rest at once
+//! and flush.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -21,10 +23,10 @@ use crate::scrape::ServerSample;
 /// lines keep coming.
 pub const BATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// The longest rest: each look that finds nothing doubles the rest up to this, so an idle proxy
-/// wakes the writer about once a second, and the first line after a quiet spell waits at most
-/// this long (the queue holds `access_log_buffer` lines meanwhile: 65,536 by default).
-pub const IDLE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest rest: each look that finds nothing doubles the rest, and once it would pass this
+/// (after about 1.3 s without a line) the writer waits on the queue itself, so an idle proxy's
+/// writer sleeps until the next line, and only that line's sender wakes it.
+pub const IDLE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(640);
 
 /// One line of the access log: a request record, or a sample of the upstream's own metrics.
 #[derive(Debug, Clone)]
@@ -270,9 +272,9 @@ async fn write_loop(
     };
     let mut rest = BATCH_INTERVAL;
     loop {
-        // Only `try_recv` while the channel is open: the writer never registers a waker on it,
-        // so a sender never wakes this thread (a futex call on the serving thread, then this
-        // thread competing for a core while the next request starts). It looks on a timer.
+        // `try_recv` registers no waker: while the writer looks on a timer, a sender never wakes
+        // this thread (a futex call on the serving thread, then this thread competing for a
+        // core while the next request starts).
         let mut wrote = false;
         let mut ended = false;
         loop {
@@ -292,11 +294,35 @@ async fn write_loop(
             out.flush();
             rest = BATCH_INTERVAL;
         } else {
-            rest = (rest * 2).min(IDLE_INTERVAL);
+            rest *= 2;
         }
         drops.report(&out.counters);
         if ended {
             break;
+        }
+        if rest > IDLE_INTERVAL {
+            // Quiet: wait on the queue (the next sender wakes this thread), then look again.
+            tokio::select! {
+                biased;
+                _ = &mut close => break,
+                _ = reopen.notified() => out.reopen(),
+                rec = rx.recv() => match rec {
+                    Some(r) => {
+                        out.write(&r);
+                        out.flush();
+                        rest = BATCH_INTERVAL;
+                        // Rest before looking again, as after any batch.
+                        tokio::select! {
+                            biased;
+                            _ = &mut close => break,
+                            _ = reopen.notified() => out.reopen(),
+                            _ = tokio::time::sleep(rest) => {}
+                        }
+                    }
+                    None => break,
+                },
+            }
+            continue;
         }
         tokio::select! {
             biased;

@@ -61,31 +61,52 @@ fn probe(addr: std::net::SocketAddr) {
     assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
 }
 
-#[test]
-fn serving_threads_sleep_while_no_connection_is_open() {
-    let (child, addr, _log) = spawn_logged(&mut serve("127.0.0.1:0"));
-    // Connections served and closed: the kernel spreads them over both threads' listeners, and
-    // every thread that ran one is back to having none.
-    for _ in 0..8 {
-        probe(addr);
-    }
-    // The server closes its side before the client sees EOF; let its task end, and let the
-    // tick that was pending when the last connection closed (500 ms) come and go.
-    std::thread::sleep(Duration::from_millis(800));
-    let before = switches(child.id(), "tokenmeter-serv");
+/// Serving threads' voluntary context switches over 1.5 s, once the pacemaker's tick that was
+/// pending when the last request came has come and gone.
+fn wakeups_while_quiet(pid: u32) -> u64 {
+    std::thread::sleep(Duration::from_millis(1100));
+    let before = switches(pid, "tokenmeter-serv");
     assert_eq!(before.len(), 2, "{before:?}");
     std::thread::sleep(Duration::from_millis(1500));
-    let after = switches(child.id(), "tokenmeter-serv");
-    let woken: u64 = after
+    let after = switches(pid, "tokenmeter-serv");
+    after
         .iter()
         .zip(&before)
         .map(|((_, a), (_, b))| a - b)
-        .sum();
-    // A ticking timer makes about six a second per thread; none is due with no connection.
+        .sum()
+}
+
+#[test]
+fn serving_threads_sleep_while_no_request_comes() {
+    let (child, addr, _log) = spawn_logged(&mut serve("127.0.0.1:0"));
+    // Connections served and closed: the kernel spreads them over both threads' listeners.
+    for _ in 0..8 {
+        probe(addr);
+    }
+    let woken = wakeups_while_quiet(child.id());
+    // A ticking timer makes about six a second per thread; none is due with no request.
     assert!(
         woken <= 1,
-        "serving threads woke {woken} times in 1.5 s with no connection open: {before:?} -> {after:?}"
+        "serving threads woke {woken} times in 1.5 s with no connection open"
     );
+    // Keep-alive connections left open, idle (agents' pools hold them): still asleep.
+    let mut kept = Vec::new();
+    for _ in 0..8 {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"GET /stats/healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .unwrap();
+        let mut buf = [0u8; 4096];
+        let n = s.read(&mut buf).unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        kept.push(s);
+    }
+    let woken = wakeups_while_quiet(child.id());
+    assert!(
+        woken <= 1,
+        "serving threads woke {woken} times in 1.5 s with 8 idle keep-alive connections"
+    );
+    drop(kept);
 }
 
 #[test]

@@ -6,9 +6,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use super::pool::PooledBody;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::Sleep;
 
 use crate::dialect::{Dialect, EventMemo, EventSummary};
@@ -57,7 +57,7 @@ impl std::error::Error for IdleTimeout {}
 
 /// The upstream's response body, metered.
 pub struct MeteredBody {
-    inner: Option<Incoming>,
+    inner: Option<PooledBody>,
     tracker: Tracker,
     reading: Reading,
     idle: Duration,
@@ -70,7 +70,7 @@ pub struct MeteredBody {
 
 impl MeteredBody {
     /// Wraps `inner`; the request's record is finished by this body from now on.
-    pub fn new(inner: Incoming, tracker: Tracker, reading: Reading, idle: Duration) -> Self {
+    pub fn new(inner: PooledBody, tracker: Tracker, reading: Reading, idle: Duration) -> Self {
         let now = Instant::now();
         MeteredBody {
             inner: Some(inner),

@@ -19,6 +19,7 @@ use crate::fold::Fold;
 use crate::proxy::body::{MeteredBody, Reading};
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity::{self, Clues};
+use crate::proxy::pool::PooledBody;
 use crate::proxy::request::{inject_include_usage, RequestInfo};
 use crate::proxy::sniff::Verdict;
 use crate::proxy::state::ProxyState;
@@ -464,7 +465,7 @@ async fn send(
     state: &ProxyState,
     up: Request<Full<Bytes>>,
     index: usize,
-) -> Result<Response<Incoming>, (ProxyError, Outcome, &'static str)> {
+) -> Result<Response<PooledBody>, (ProxyError, Outcome, &'static str)> {
     let headers_timeout =
         std::time::Duration::from_millis(state.config.timeouts.upstream_headers_ms);
     match tokio::time::timeout(headers_timeout, state.client.request(up)).await {

@@ -5,6 +5,7 @@ mod body;
 mod forward;
 mod headers;
 pub mod identity;
+mod pool;
 pub mod reload;
 pub mod request;
 pub mod serve_cli;

@@ -3,34 +3,29 @@
 //! supervisor, and the drain at shutdown.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinSet;
 
+use super::pool::UpstreamPool;
 use super::{forward, sniff, ProxyState, THREAD_JOIN_WAIT};
 use crate::access_log::AccessLogWriter;
 use crate::config::ServeConfig;
 use crate::tls::UpstreamConnector;
 
-/// Pooled keep-alive connections to the upstream, for one serving thread.
-pub(super) fn upstream_client(
-    config: &ServeConfig,
-    connector: UpstreamConnector,
-) -> Client<UpstreamConnector, http_body_util::Full<Bytes>> {
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_millis(config.timeouts.pool_idle_ms))
-        .pool_timer(TokioTimer::new())
-        .http1_max_buf_size(64 * 1024)
-        .build(connector)
+/// Keep-alive connections to the upstream, for one serving thread.
+pub(super) fn upstream_client(config: &ServeConfig, connector: UpstreamConnector) -> UpstreamPool {
+    UpstreamPool::new(
+        connector,
+        Duration::from_millis(config.timeouts.pool_idle_ms),
+    )
 }
 
 /// Threads that accept and serve connections: one per core unless `serving_threads` says.
@@ -139,8 +134,8 @@ pub(super) fn serve_on_own_thread(
                 let builder = connection_builder(&state.config);
                 let graceful = hyper_util::server::graceful::GracefulShutdown::new();
                 let mut tasks = JoinSet::new();
-                let live = Arc::new(LiveConnections::default());
-                let pace = tokio::spawn(pacemaker(live.clone()));
+                let activity = Arc::new(Activity::default());
+                let pace = tokio::spawn(pacemaker(activity.clone()));
                 loop {
                     tokio::select! {
                         _ = stop.wait_for(|stopped| *stopped) => break,
@@ -159,11 +154,12 @@ pub(super) fn serve_on_own_thread(
                             let st = state.clone();
                             let verdict = Arc::new(sniff::Verdict::default());
                             let v = verdict.clone();
+                            let act = activity.clone();
                             let svc = service_fn(move |req| {
+                                act.request();
                                 forward::handle(st.clone(), req, remote, v.clone())
                             });
                             let max_head = state.config.max_header_bytes;
-                            let open = live.open();
                             match &state.tls {
                                 None => {
                                     let io = sniff::Sniffed::new(stream, max_head, verdict);
@@ -171,7 +167,6 @@ pub(super) fn serve_on_own_thread(
                                     let fut = graceful.watch(conn);
                                     tasks.spawn(async move {
                                         let _ = fut.await;
-                                        drop(open);
                                     });
                                 }
                                 Some(tls) => {
@@ -186,7 +181,6 @@ pub(super) fn serve_on_own_thread(
                                     tasks.spawn(async move {
                                         let hs =
                                             tokio::time::timeout(limit, acceptor.accept(stream));
-                                        let _open = open;
                                         let Ok(Ok(tls)) = hs.await else { return };
                                         let io = sniff::Sniffed::new(tls, max_head, verdict);
                                         let conn = builder.serve_connection(TokioIo::new(io), svc);
@@ -224,48 +218,48 @@ pub(super) fn serve_on_own_thread(
 const PACE: Duration = Duration::from_millis(500);
 
 /// Keeps a timer due within [`PACE`] pending on a serving thread's runtime while the thread
-/// serves a connection. Tokio wakes its own I/O driver (an eventfd write, then one more
+/// serves requests. Tokio wakes its own I/O driver (an eventfd write, then one more
 /// `epoll_wait`) whenever a timer is armed that is due sooner than every pending one; hyper arms
 /// its head-read timer each time a keep-alive connection waits for its next request, and the
 /// request and body timers are armed per request, so without a nearer timer most requests paid
 /// those two system calls (strace: 200 eventfd writes in 200 streamed requests on one
-/// connection). With this tick pending, no per-request timer is ever the soonest: two wakeups a
-/// second per thread instead. A thread with no connection has no per-request timers to spare,
-/// so there the tick waits for the next connection: an idle proxy's serving threads sleep (each
-/// tick costs three `epoll_wait`s and an eventfd write, 0.5 ms of CPU a second per idle proxy).
-async fn pacemaker(live: Arc<LiveConnections>) {
+/// connection). With this tick pending, no per-request timer is ever the soonest. A tick is not
+/// free either (three `epoll_wait`s and an eventfd write; about 0.2 ms of CPU a second per
+/// ticking thread here, measured on an idle proxy holding keep-alive connections), so after a
+/// tick with no new request it stops until the next request: an idle proxy's serving threads
+/// sleep, whether or not clients keep connections open, and only the first request after a quiet
+/// tick pays the two system calls.
+async fn pacemaker(activity: Arc<Activity>) {
+    let mut seen = activity.requests.load(Ordering::Relaxed);
     loop {
-        while live.count.load(Ordering::Relaxed) == 0 {
-            live.first.notified().await;
-        }
         tokio::time::sleep(PACE).await;
-    }
-}
-
-/// The connections a serving thread is serving, for its [`pacemaker`].
-#[derive(Default)]
-struct LiveConnections {
-    count: AtomicUsize,
-    /// Told when the count leaves zero (`notify_one` keeps the permit if no one waits yet).
-    first: Notify,
-}
-
-impl LiveConnections {
-    /// Counts a connection until the returned guard drops (when its task ends or is aborted).
-    fn open(self: &Arc<Self>) -> OpenConnection {
-        if self.count.fetch_add(1, Ordering::Relaxed) == 0 {
-            self.first.notify_one();
+        let now = activity.requests.load(Ordering::Relaxed);
+        if now == seen {
+            // Everything on this thread runs on this runtime, one task at a time: no request
+            // can slip in between this check and the wait.
+            activity.parked.store(true, Ordering::Relaxed);
+            activity.wake.notified().await;
         }
-        OpenConnection(self.clone())
+        seen = activity.requests.load(Ordering::Relaxed);
     }
 }
 
-/// One connection counted in [`LiveConnections`].
-struct OpenConnection(Arc<LiveConnections>);
+/// The requests a serving thread has started, for its [`pacemaker`].
+#[derive(Default)]
+struct Activity {
+    requests: AtomicU64,
+    /// The pacemaker waits for the next request.
+    parked: AtomicBool,
+    wake: Notify,
+}
 
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        self.0.count.fetch_sub(1, Ordering::Relaxed);
+impl Activity {
+    /// A request started on this thread: wakes the pacemaker if it rests.
+    fn request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if self.parked.swap(false, Ordering::Relaxed) {
+            self.wake.notify_one();
+        }
     }
 }
 

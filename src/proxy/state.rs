@@ -2,13 +2,10 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::client::legacy::Client;
-
 use crate::config::ServeConfig;
 use crate::fleet::Upstreams;
 use crate::health::Health;
+use crate::proxy::pool::UpstreamPool;
 use crate::proxy::reload::LiveUsers;
 use crate::proxy::tracker::TrackerShared;
 use crate::tls::{ListenerTls, UpstreamConnector};
@@ -21,8 +18,8 @@ pub struct ProxyState {
     pub config: ServeConfig,
     /// The upstream replicas and the balancer's state.
     pub upstreams: Arc<Upstreams>,
-    /// Pooled keep-alive connections to the upstream.
-    pub client: Client<UpstreamConnector, Full<Bytes>>,
+    /// Keep-alive connections to the upstream replicas.
+    pub client: UpstreamPool,
     /// What `client` connects with (serving threads build their own client from it).
     pub connector: UpstreamConnector,
     /// Readiness: upstream connection failures are reported to it.
@@ -42,7 +39,7 @@ pub struct ProxyState {
 impl ProxyState {
     /// A copy of this state with `client` as its upstream pool: a pooled connection's task lives
     /// on the runtime that opened it, so every serving thread needs its own.
-    pub fn with_pool(&self, client: Client<UpstreamConnector, Full<Bytes>>) -> ProxyState {
+    pub fn with_pool(&self, client: UpstreamPool) -> ProxyState {
         ProxyState {
             client,
             ..self.clone()

@@ -6,11 +6,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use super::pool::PooledBody;
 use bytes::Bytes;
 use http::{header, HeaderValue, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use crate::dialect::Dialect;
 use crate::error::ProxyError;
@@ -47,7 +47,7 @@ pub struct Limits {
 /// reads it (as for a client's stream) and to `fold`. Dropping the future (the client left)
 /// drops `body`, which closes the upstream connection.
 pub async fn collect(
-    mut body: Incoming,
+    mut body: PooledBody,
     dialect: &dyn Dialect,
     fold: &mut dyn Fold,
     tracker: &mut Tracker,

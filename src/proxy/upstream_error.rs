@@ -1,13 +1,16 @@
 //! What a failed upstream request means: the answer to the client, the outcome and the reason
 //! logged, classified by the error types in the chain (never by their text).
 
+use super::pool::UpstreamError;
 use crate::error::ProxyError;
 use crate::record::Outcome;
 
 /// Maps a client error to the answer, the outcome and a secret-free reason.
-pub(super) fn classify_client_error(
-    e: &hyper_util::client::legacy::Error,
-) -> (ProxyError, Outcome, &'static str) {
+pub(super) fn classify_client_error(e: &UpstreamError) -> (ProxyError, Outcome, &'static str) {
+    if matches!(e, UpstreamError::Uri) {
+        let why = "invalid upstream URI";
+        return (ProxyError::bad_gateway(why), Outcome::ProxyError, why);
+    }
     if e.is_connect() {
         // The connector's own timeout arrives as an io::Error of kind TimedOut wrapping tokio's
         // Elapsed; either, anywhere in the chain, is a timeout.

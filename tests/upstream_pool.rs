@@ -1,0 +1,154 @@
+//! The upstream connection pool, over real sockets: kept connections are reused, one the upstream
+//! closed while it was idle is not (the request goes on a new connection and succeeds), and one
+//! idle past `pool_idle_ms` is closed by the proxy.
+
+// Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A keep-alive upstream that answers every request with a small JSON body. It counts the
+/// connections it accepted; with `close_after` it closes each connection that long after its
+/// first answer (as a server's keep-alive timeout does); it reports when a connection was
+/// closed by the other side.
+struct CountingUpstream {
+    addr: std::net::SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    peer_closed: tokio::sync::mpsc::UnboundedReceiver<Instant>,
+}
+
+async fn counting_upstream(close_after: Option<Duration>) -> CountingUpstream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (closed_tx, peer_closed) = tokio::sync::mpsc::unbounded_channel();
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            count.fetch_add(1, Ordering::SeqCst);
+            let closed_tx = closed_tx.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 4096];
+                loop {
+                    let n = match s.read(&mut tmp).await {
+                        Ok(0) | Err(_) => {
+                            let _ = closed_tx.send(Instant::now());
+                            return;
+                        }
+                        Ok(n) => n,
+                    };
+                    buf.extend_from_slice(&tmp[..n]);
+                    // Bodiless requests or a short body: the head's end is the request's end here
+                    // once the declared length has arrived.
+                    let Some(end) = find(&buf, b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    if buf.len() < end + 4 + len {
+                        continue;
+                    }
+                    buf.drain(..end + 4 + len);
+                    let body = r#"{"object":"list","data":[]}"#;
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    s.write_all(resp.as_bytes()).await.unwrap();
+                    if let Some(after) = close_after {
+                        tokio::time::sleep(after).await;
+                        let _ = s.shutdown().await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    CountingUpstream {
+        addr,
+        accepted,
+        peer_closed,
+    }
+}
+
+fn get_models() -> Vec<u8> {
+    b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".to_vec()
+}
+
+#[tokio::test]
+async fn kept_connections_are_reused() {
+    let up = counting_upstream(None).await;
+    let proxy = TestProxy::start(&format!("http://{}", up.addr), |c| {
+        c.serving_threads = 1;
+    })
+    .await;
+    for _ in 0..5 {
+        let got = raw_request(proxy.addr, &get_models()).await;
+        assert_eq!(got.status, 200);
+    }
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 1, "one kept connection");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closed_while_idle_is_not_used_again() {
+    let up = counting_upstream(Some(Duration::from_millis(20))).await;
+    let proxy = TestProxy::start(&format!("http://{}", up.addr), |c| {
+        c.serving_threads = 1;
+    })
+    .await;
+    for i in 1..=4 {
+        let got = raw_request(proxy.addr, &get_models()).await;
+        assert_eq!(
+            got.status,
+            200,
+            "request {i}: {}",
+            String::from_utf8_lossy(&got.body)
+        );
+        // Let the upstream close the connection it just answered on.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        up.accepted.load(Ordering::SeqCst),
+        4,
+        "a new connection each time"
+    );
+    let lines = proxy.finish().await;
+    assert!(lines.iter().all(|l| l["status"] == 200), "{lines:?}");
+}
+
+#[tokio::test]
+async fn a_connection_idle_past_pool_idle_ms_is_closed() {
+    let mut up = counting_upstream(None).await;
+    let proxy = TestProxy::start(&format!("http://{}", up.addr), |c| {
+        c.serving_threads = 1;
+        c.timeouts.pool_idle_ms = 300;
+    })
+    .await;
+    let got = raw_request(proxy.addr, &get_models()).await;
+    assert_eq!(got.status, 200);
+    let idle_from = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(5), up.peer_closed.recv())
+        .await
+        .expect("the idle connection was never closed")
+        .unwrap();
+    let idle = closed - idle_from;
+    assert!(
+        idle >= Duration::from_millis(250),
+        "closed after {idle:?}, before its idle time"
+    );
+    proxy.stop().await;
+}
