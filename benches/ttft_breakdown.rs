@@ -17,8 +17,9 @@
 //!    request, the proxy's upstream pool warm: adds the accept, on the serving thread whose
 //!    listener the kernel picked).
 //! 3. **The upstream round trip**: request sent -> first body frame through hyper-util's pooled
-//!    client (how the proxy sends) against hyper's own `client::conn` handle on one kept
-//!    connection, same runtime, same raw upstream: what the pool adds per request.
+//!    client (how the proxy sent before `proxy/pool.rs`) against hyper's own `client::conn` handle
+//!    on one kept connection (what that pool keeps), same runtime, same raw upstream: what
+//!    hyper-util's pool added per request.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -432,8 +433,8 @@ where
 }
 
 /// Part 3: the upstream round trip (request sent -> first body frame) through hyper-util's pooled
-/// client, as the proxy sends it, against hyper's own connection handle on one kept connection:
-/// what the pool's checkout and return add per request, against the same raw upstream.
+/// client, as the proxy sent it before `proxy/pool.rs`, against hyper's own connection handle on
+/// one kept connection: what that pool's checkout and return added per request.
 fn client_paths(rt: &tokio::runtime::Runtime, n: usize) -> (f64, f64) {
     let up = raw_upstream(Arc::default());
     rt.block_on(async move {
@@ -502,7 +503,7 @@ fn main() {
             println!("| {name} | {ns:.0} |");
         }
     }
-    // The proxy's accept loop runs on this runtime's worker while the client blocks this thread.
+    // The proxy's supervisor runs on this runtime's worker while the client blocks this thread.
     let mt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -533,8 +534,8 @@ fn main() {
     let (pooled, own) = client_paths(&rt, n);
     println!("\n## Upstream round trip, request sent -> first frame (median ns over {n})\n");
     println!("| client | ns |\n|---|---|");
-    println!("| hyper-util pooled client (the proxy's) | {pooled:.0} |");
-    println!("| hyper client::conn on one kept connection | {own:.0} |");
+    println!("| hyper-util's pooled client (the proxy's before proxy/pool.rs) | {pooled:.0} |");
+    println!("| hyper client::conn on one kept connection (what proxy/pool.rs keeps) | {own:.0} |");
     println!(
         "| difference (the pool's checkout and return) | {:.0} |",
         pooled - own

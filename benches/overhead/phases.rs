@@ -195,6 +195,11 @@ async fn run_cpu(
     ((cpu_ns(pids) - before) as f64, errors)
 }
 
+/// Quiet before the idle CPU sample.
+const IDLE_SETTLE: Duration = Duration::from_secs(2);
+/// Length of the idle CPU sample.
+const IDLE_SAMPLE: Duration = Duration::from_secs(2);
+
 /// CPU per request and per event of every proxy arm: `/proc` schedstat sampled around bounded runs of
 /// 1-event and 64-event requests, arms interleaved in random order per repetition.
 pub async fn cpu(env: &Env, o: &Opts, rng: &mut impl rand::Rng) -> Value {
@@ -209,11 +214,15 @@ pub async fn cpu(env: &Env, o: &Opts, rng: &mut impl rand::Rng) -> Value {
     let mut per_ev: Vec<Vec<f64>> = vec![Vec::new(); arms.len()];
     let mut idle_ns_s = vec![0.0; arms.len()];
     let mut errors = vec![0usize; arms.len()];
+    // Idle: 2 s of nothing after 2 s of quiet, so the tails of the previous phase (timers that
+    // back off after traffic stops) are over before the sample starts.
+    tokio::time::sleep(IDLE_SETTLE).await;
     for (i, a) in arms.iter().enumerate() {
         let pids = env.pids_of(a);
         let c0 = cpu_ns(&pids);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        idle_ns_s[i] = (cpu_ns(&pids) - c0) as f64; // background CPU per idle second
+        tokio::time::sleep(IDLE_SAMPLE).await;
+        // Background CPU per idle second.
+        idle_ns_s[i] = (cpu_ns(&pids) - c0) as f64 / IDLE_SAMPLE.as_secs_f64();
         batch(&clients[i], addr_of(env, a).unwrap_or(env.sim), 64, 1).await;
     }
     let mut order: Vec<usize> = (0..arms.len()).collect();
