@@ -1,6 +1,6 @@
-//! The upstream connection pool, over real sockets: kept connections are reused, one the upstream
-//! closed while it was idle is not (the request goes on a new connection and succeeds), and one
-//! idle past `pool_idle_ms` is closed by the proxy.
+//! The upstream connection pool, over real sockets: kept connections are reused (also after a
+//! response with no body), one the upstream closed while it was idle is not (the request goes on
+//! a new connection and succeeds), and one idle past `pool_idle_ms` is closed by the proxy.
 
 // Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -62,11 +62,22 @@ async fn counting_upstream(close_after: Option<Duration>) -> CountingUpstream {
                         continue;
                     }
                     buf.drain(..end + 4 + len);
-                    let body = r#"{"object":"list","data":[]}"#;
+                    // `/health` answers with an empty body, as vLLM's does.
+                    let body = if head.contains(" /health ") {
+                        ""
+                    } else {
+                        r#"{"object":"list","data":[]}"#
+                    };
                     let resp = format!(
                         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
                         body.len()
                     );
+                    // A HEAD answer has the head only (its length is the GET's).
+                    let resp = if head.starts_with("head ") {
+                        resp.trim_end_matches(body).to_string()
+                    } else {
+                        resp
+                    };
                     s.write_all(resp.as_bytes()).await.unwrap();
                     if let Some(after) = close_after {
                         tokio::time::sleep(after).await;
@@ -98,6 +109,34 @@ async fn kept_connections_are_reused() {
     for _ in 0..5 {
         let got = raw_request(proxy.addr, &get_models()).await;
         assert_eq!(got.status, 200);
+    }
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 1, "one kept connection");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_connection_whose_answer_has_no_body_is_reused() {
+    let up = counting_upstream(None).await;
+    let proxy = TestProxy::start(&format!("http://{}", up.addr), |c| {
+        c.serving_threads = 1;
+    })
+    .await;
+    for _ in 0..3 {
+        let got = raw_request(
+            proxy.addr,
+            b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert_eq!(got.status, 200);
+        assert!(got.body.is_empty());
+        // HEAD: hyper never polls the body of its answer.
+        let got = raw_request(
+            proxy.addr,
+            b"HEAD /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert_eq!(got.status, 200);
+        assert_eq!(got.header("content-length").as_deref(), Some("27"));
     }
     assert_eq!(up.accepted.load(Ordering::SeqCst), 1, "one kept connection");
     proxy.stop().await;

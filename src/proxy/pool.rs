@@ -116,7 +116,13 @@ impl UpstreamPool {
                         key,
                         sender,
                     });
-                    return Ok(resp.map(|inner| PooledBody { inner, back }));
+                    let mut resp = resp.map(|inner| PooledBody { inner, back });
+                    // A body that is over before it starts (204, 304, `content-length: 0`) may
+                    // never be polled: its connection is free now.
+                    if resp.body().inner.is_end_stream() {
+                        resp.body_mut().give_back();
+                    }
+                    return Ok(resp);
                 }
                 Err(mut e) => match e.take_message() {
                     Some(unsent) if kept => req = unsent,
