@@ -306,7 +306,7 @@ async fn forward(
         up.headers_mut()
             .insert(header::HOST, l.upstream.host.clone());
         tracker.route(l);
-        match tokio::time::timeout(headers_timeout, state.client.request(up)).await {
+        match tokio::time::timeout(headers_timeout, state.pool.request(up)).await {
             Ok(Ok(r)) if r.status().is_server_error() => {
                 state.health.upstream_answered(index);
                 load = failed_attempt(ups, index, model.as_deref(), &mut retried);
@@ -468,7 +468,7 @@ async fn send(
 ) -> Result<Response<PooledBody>, (ProxyError, Outcome, &'static str)> {
     let headers_timeout =
         std::time::Duration::from_millis(state.config.timeouts.upstream_headers_ms);
-    match tokio::time::timeout(headers_timeout, state.client.request(up)).await {
+    match tokio::time::timeout(headers_timeout, state.pool.request(up)).await {
         Ok(Ok(r)) => {
             state.health.upstream_answered(index);
             Ok(r)

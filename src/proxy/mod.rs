@@ -34,7 +34,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
 use serving::{
-    bind_listeners, serve_on_own_thread, serving_threads, supervise, upstream_client, Background,
+    bind_listeners, serve_on_own_thread, serving_threads, supervise, upstream_pool, Background,
     Serving,
 };
 
@@ -370,7 +370,7 @@ pub async fn spawn_with_time(
     }
     let state = Arc::new(ProxyState {
         upstreams,
-        client: upstream_client(&config, connector.clone()),
+        pool: upstream_pool(&config, connector.clone()),
         connector,
         health,
         tls,

@@ -21,7 +21,7 @@ use crate::config::ServeConfig;
 use crate::tls::UpstreamConnector;
 
 /// Keep-alive connections to the upstream, for one serving thread.
-pub(super) fn upstream_client(config: &ServeConfig, connector: UpstreamConnector) -> UpstreamPool {
+pub(super) fn upstream_pool(config: &ServeConfig, connector: UpstreamConnector) -> UpstreamPool {
     UpstreamPool::new(
         connector,
         Duration::from_millis(config.timeouts.pool_idle_ms),
@@ -121,7 +121,7 @@ pub(super) fn serve_on_own_thread(
                     shared
                 } else {
                     Arc::new(
-                        shared.with_pool(upstream_client(&shared.config, shared.connector.clone())),
+                        shared.with_pool(upstream_pool(&shared.config, shared.connector.clone())),
                     )
                 };
                 let listener = match TcpListener::from_std(listener) {

@@ -19,8 +19,8 @@ pub struct ProxyState {
     /// The upstream replicas and the balancer's state.
     pub upstreams: Arc<Upstreams>,
     /// Keep-alive connections to the upstream replicas.
-    pub client: UpstreamPool,
-    /// What `client` connects with (serving threads build their own client from it).
+    pub pool: UpstreamPool,
+    /// What `pool` connects with (serving threads build their own pool from it).
     pub connector: UpstreamConnector,
     /// Readiness: upstream connection failures are reported to it.
     pub health: Arc<Health>,
@@ -37,11 +37,11 @@ pub struct ProxyState {
 }
 
 impl ProxyState {
-    /// A copy of this state with `client` as its upstream pool: a pooled connection's task lives
+    /// A copy of this state with `pool` as its upstream pool: a pooled connection's task lives
     /// on the runtime that opened it, so every serving thread needs its own.
-    pub fn with_pool(&self, client: UpstreamPool) -> ProxyState {
+    pub fn with_pool(&self, pool: UpstreamPool) -> ProxyState {
         ProxyState {
-            client,
+            pool,
             ..self.clone()
         }
     }
