@@ -95,6 +95,15 @@ async fn counting_upstream(close_after: Option<Duration>) -> CountingUpstream {
     }
 }
 
+/// A proxy in front of `up` with one serving thread (so one pool sees every request).
+async fn one_thread_proxy(up: &CountingUpstream, pool_idle_ms: u64) -> TestProxy {
+    TestProxy::start(&format!("http://{}", up.addr), |c| {
+        c.serving_threads = 1;
+        c.timeouts.pool_idle_ms = pool_idle_ms;
+    })
+    .await
+}
+
 fn get_models() -> Vec<u8> {
     b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".to_vec()
 }
@@ -102,10 +111,7 @@ fn get_models() -> Vec<u8> {
 #[tokio::test]
 async fn kept_connections_are_reused() {
     let up = counting_upstream(None).await;
-    let proxy = TestProxy::start(&format!("http://{}", up.addr), |c| {
-        c.serving_threads = 1;
-    })
-    .await;
+    let proxy = one_thread_proxy(&up, 90_000).await;
     for _ in 0..5 {
         let got = raw_request(proxy.addr, &get_models()).await;
         assert_eq!(got.status, 200);
@@ -117,10 +123,7 @@ async fn kept_connections_are_reused() {
 #[tokio::test]
 async fn a_connection_whose_answer_has_no_body_is_reused() {
     let up = counting_upstream(None).await;
-    let proxy = TestProxy::start(&format!("http://{}", up.addr), |c| {
-        c.serving_threads = 1;
-    })
-    .await;
+    let proxy = one_thread_proxy(&up, 90_000).await;
     for _ in 0..3 {
         let got = raw_request(
             proxy.addr,
@@ -145,10 +148,7 @@ async fn a_connection_whose_answer_has_no_body_is_reused() {
 #[tokio::test]
 async fn a_connection_the_upstream_closed_while_idle_is_not_used_again() {
     let up = counting_upstream(Some(Duration::from_millis(20))).await;
-    let proxy = TestProxy::start(&format!("http://{}", up.addr), |c| {
-        c.serving_threads = 1;
-    })
-    .await;
+    let proxy = one_thread_proxy(&up, 90_000).await;
     for i in 1..=4 {
         let got = raw_request(proxy.addr, &get_models()).await;
         assert_eq!(
@@ -172,11 +172,7 @@ async fn a_connection_the_upstream_closed_while_idle_is_not_used_again() {
 #[tokio::test]
 async fn a_connection_idle_past_pool_idle_ms_is_closed() {
     let mut up = counting_upstream(None).await;
-    let proxy = TestProxy::start(&format!("http://{}", up.addr), |c| {
-        c.serving_threads = 1;
-        c.timeouts.pool_idle_ms = 300;
-    })
-    .await;
+    let proxy = one_thread_proxy(&up, 300).await;
     let got = raw_request(proxy.addr, &get_models()).await;
     assert_eq!(got.status, 200);
     let idle_from = Instant::now();
