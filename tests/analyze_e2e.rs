@@ -46,8 +46,7 @@ async fn capacity_rows_match_the_simulator_within_two_percent() {
         ..Default::default()
     };
     let (base, per_seq) = (config.step_base_ms, config.step_per_seq_ms);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let sim = tokenmeter::sim::spawn(config, listener).await.unwrap();
+    let sim = crate::common::start_sim(config).await;
     let proxy = TestProxy::start(&format!("http://{}", sim.addr()), |_| {}).await;
     // N = 1: ~70 tok/s, 250 tokens ≈ 3.6 s.
     stream(proxy.addr, 250, "solo").await;

@@ -14,12 +14,12 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 
-use common::stats_now;
+use common::{busy_agents, env_u64, stats_now};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokenmeter::clock::UnixNanos;
-use tokenmeter::load::{AgentSpec, Arrivals, Dist, LoadOptions, NoProgress};
+use tokenmeter::load::{Arrivals, LoadOptions, NoProgress};
 use tokenmeter::meter::levels::{GuardConfig, LevelAttribution};
 use tokenmeter::observe::Observer;
 use tokenmeter::record::RequestRecord;
@@ -184,20 +184,12 @@ impl StateLine {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "diagnostic, a minute of simulated traffic"]
 async fn sixteen_agents_steps_in_clean_time() {
-    let secs: u64 = std::env::var("DIAG_S")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let sim = tokenmeter::sim::spawn(
-        SimConfig {
-            resync_lag_ms: 100.0,
-            ..SimConfig::default()
-        },
-        listener,
-    )
-    .await
-    .unwrap();
+    let secs = env_u64("DIAG_S", 60);
+    let sim = crate::common::start_sim(SimConfig {
+        resync_lag_ms: 100.0,
+        ..SimConfig::default()
+    })
+    .await;
     let rec = Arc::new(Rec::default());
     let config = tokenmeter::config::ServeConfig {
         listen: "127.0.0.1:0".into(),
@@ -207,14 +199,8 @@ async fn sixteen_agents_steps_in_clean_time() {
     let proxy = tokenmeter::proxy::spawn(config, vec![rec.clone() as Arc<dyn Observer>])
         .await
         .unwrap();
-    let spec = AgentSpec {
-        apis: Vec::new(),
-        think_ms: Dist::Uniform { min: 100, max: 700 },
-        prompt_words: Dist::Uniform { min: 10, max: 2000 },
-        output_tokens: Dist::Uniform { min: 100, max: 600 },
-        stream_share: 1.0,
-        seed: 14,
-    };
+    // The acceptance test's agents, so this replays what it measures.
+    let spec = busy_agents();
     let opts = LoadOptions::agents(
         format!("http://{}", proxy.addr()),
         Arrivals::Agents { agents: 16 },

@@ -20,9 +20,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{stats_now, TestProxy};
+use common::{busy_agents, env_u64, stats_now, TestProxy};
 use tokenmeter::clock::{Clock, NANOS_PER_SEC};
-use tokenmeter::load::{AgentSpec, Arrivals, Dist, LoadOptions, LoadReport, NoProgress};
+use tokenmeter::load::{Arrivals, LoadOptions, LoadReport, NoProgress};
 use tokenmeter::meter::levels::ProductionRow;
 use tokenmeter::meter::SnapshotQuery;
 use tokenmeter::sim::{SimConfig, SimHandle};
@@ -42,28 +42,13 @@ struct Rig {
 /// engine slower than its formula by the slip (3 % measured), while catching up keeps every
 /// second's average on the formula, which is what a level's figure averages over.
 async fn new_rig() -> Rig {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = SimConfig {
         resync_lag_ms: 100.0,
         ..SimConfig::default()
     };
-    let sim = tokenmeter::sim::spawn(cfg, listener).await.unwrap();
+    let sim = crate::common::start_sim(cfg).await;
     let proxy = TestProxy::start(&format!("http://{}", sim.addr()), |_| {}).await;
     Rig { sim, proxy }
-}
-
-/// Busy agents: think 0.1–0.7 s against answers of 100–600 tokens (about 5–30 s each), so the
-/// level stays near N with constant turnover (at 16 agents a request ends about every second);
-/// prompts of 10–2,000 words (up to 0.3 s of prefill each).
-fn busy_agents() -> AgentSpec {
-    AgentSpec {
-        apis: Vec::new(),
-        think_ms: Dist::Uniform { min: 100, max: 700 },
-        prompt_words: Dist::Uniform { min: 10, max: 2000 },
-        output_tokens: Dist::Uniform { min: 100, max: 600 },
-        stream_share: 1.0,
-        seed: 14,
-    }
 }
 
 async fn load(opts: LoadOptions) -> LoadReport {
@@ -182,10 +167,7 @@ async fn both_methods(n: usize, agents_s: u64, sustained_s: u64) -> (f64, f64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "minutes of simulated production traffic: scripts/capacity_acceptance.sh"]
 async fn sixteen_agents_truth_per_level_and_live_windows() {
-    let secs: u64 = std::env::var("CAPACITY_TRUTH_S")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(180);
+    let secs = env_u64("CAPACITY_TRUTH_S", 180);
     let rig = new_rig().await;
     let opts = LoadOptions::agents(
         url(&rig),

@@ -20,19 +20,14 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 async fn sim(step_base_ms: f64, step_per_seq_ms: f64) -> SimHandle {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    tokenmeter::sim::spawn(
-        SimConfig {
-            stop_probability_per_token: 0.0,
-            step_base_ms,
-            step_per_seq_ms,
-            log_stats_interval_s: 0.0,
-            ..Default::default()
-        },
-        listener,
-    )
+    crate::common::start_sim(SimConfig {
+        stop_probability_per_token: 0.0,
+        step_base_ms,
+        step_per_seq_ms,
+        log_stats_interval_s: 0.0,
+        ..Default::default()
+    })
     .await
-    .unwrap()
 }
 
 fn chat(max_tokens: u32, user: &str) -> Vec<u8> {

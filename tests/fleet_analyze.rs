@@ -18,14 +18,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 async fn sim(step_base_ms: f64) -> tokenmeter::sim::SimHandle {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = SimConfig {
         stop_probability_per_token: 0.0,
         step_base_ms,
         log_stats_interval_s: 0.0,
         ..Default::default()
     };
-    tokenmeter::sim::spawn(cfg, listener).await.unwrap()
+    crate::common::start_sim(cfg).await
 }
 
 async fn one(addr: SocketAddr, user: &str) {

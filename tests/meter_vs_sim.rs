@@ -29,16 +29,11 @@ struct Rig {
 }
 
 async fn rig() -> Rig {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let sim = tokenmeter::sim::spawn(
-        SimConfig {
-            stop_probability_per_token: 0.0,
-            ..Default::default()
-        },
-        listener,
-    )
-    .await
-    .unwrap();
+    let sim = crate::common::start_sim(SimConfig {
+        stop_probability_per_token: 0.0,
+        ..Default::default()
+    })
+    .await;
     let proxy = TestProxy::start(&format!("http://{}", sim.addr()), |_| {}).await;
     Rig {
         sim,

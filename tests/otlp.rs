@@ -97,12 +97,11 @@ async fn receiver() -> (SocketAddr, Received) {
 }
 
 async fn sim() -> tokenmeter::sim::SimHandle {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = SimConfig {
         log_stats_interval_s: 0.0,
         ..Default::default()
     };
-    tokenmeter::sim::spawn(cfg, listener).await.unwrap()
+    crate::common::start_sim(cfg).await
 }
 
 async fn send(addr: SocketAddr, i: usize) {

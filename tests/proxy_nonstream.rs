@@ -271,13 +271,12 @@ async fn a_client_that_leaves_while_the_stream_is_folded_aborts_the_upstream_at_
 }
 
 async fn sim() -> tokenmeter::sim::SimHandle {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = tokenmeter::sim::SimConfig {
         stop_probability_per_token: 0.0,
         log_stats_interval_s: 0.0,
         ..Default::default()
     };
-    tokenmeter::sim::spawn(cfg, listener).await.unwrap()
+    crate::common::start_sim(cfg).await
 }
 
 #[tokio::test]

@@ -104,12 +104,11 @@ fn no_samples_no_rows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_log_agrees_with_itself() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let sim_cfg = tokenmeter::sim::SimConfig {
         stop_probability_per_token: 0.0,
         ..Default::default()
     };
-    let sim = tokenmeter::sim::spawn(sim_cfg, listener).await.unwrap();
+    let sim = crate::common::start_sim(sim_cfg).await;
     let p = TestProxy::start(&format!("http://{}", sim.addr()), |c| {
         c.upstream_metrics_url = Some("auto".into());
         c.metrics_scrape_interval_s = 1.0;

@@ -9,16 +9,14 @@ mod common;
 
 use common::*;
 use tokenmeter::sim::SimConfig;
-use tokio::net::TcpListener;
 
 async fn sim(per_request_metrics: bool) -> tokenmeter::sim::SimHandle {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = SimConfig {
         per_request_metrics,
         stop_probability_per_token: 0.0,
         ..Default::default()
     };
-    tokenmeter::sim::spawn(cfg, listener).await.unwrap()
+    crate::common::start_sim(cfg).await
 }
 
 fn chat(stream: bool, include_usage: bool) -> String {

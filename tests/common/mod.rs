@@ -634,3 +634,32 @@ pub async fn stats_now(meter: &tokenmeter::meter::MeterHandle) -> tokenmeter::me
         .await
         .unwrap()
 }
+
+/// Starts the simulator with `cfg` on 127.0.0.1:0.
+pub async fn start_sim(cfg: tokenmeter::sim::SimConfig) -> tokenmeter::sim::SimHandle {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    tokenmeter::sim::spawn(cfg, listener).await.unwrap()
+}
+
+/// The environment variable `name` as a number, else `default` (how long a by-hand run lasts).
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Busy agents: think 0.1–0.7 s against answers of 100–600 tokens (about 5–30 s each), so the
+/// level stays near N with constant turnover (at 16 agents a request ends about every second);
+/// prompts of 10–2,000 words (up to 0.3 s of prefill each).
+pub fn busy_agents() -> tokenmeter::load::AgentSpec {
+    use tokenmeter::load::Dist;
+    tokenmeter::load::AgentSpec {
+        apis: Vec::new(),
+        think_ms: Dist::Uniform { min: 100, max: 700 },
+        prompt_words: Dist::Uniform { min: 10, max: 2000 },
+        output_tokens: Dist::Uniform { min: 100, max: 600 },
+        stream_share: 1.0,
+        seed: 14,
+    }
+}

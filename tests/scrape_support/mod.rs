@@ -8,18 +8,17 @@ use std::time::{Duration, Instant};
 use tokenmeter::clock::{Clock, NANOS_PER_SEC};
 use tokenmeter::sim::{SimConfig, SimHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use crate::common::post;
 
 /// The simulator with no early stops (every stream runs to `max_tokens`).
 pub async fn sim() -> SimHandle {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = SimConfig {
         stop_probability_per_token: 0.0,
         ..Default::default()
     };
-    tokenmeter::sim::spawn(cfg, listener).await.unwrap()
+    crate::common::start_sim(cfg).await
 }
 
 /// Keeps `n` long streams open to `addr` until `deadline`; counts streams that got a token.
