@@ -1,6 +1,7 @@
 //! The upstream connection pool, over real sockets: kept connections are reused (also after a
 //! response with no body), one the upstream closed while it was idle is not (the request goes on
-//! a new connection and succeeds), and one idle past `pool_idle_ms` is closed by the proxy.
+//! a new connection and succeeds) and is closed by the proxy as soon as the upstream closes it,
+//! and one idle past `pool_idle_ms` is closed by the proxy.
 
 // Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 /// A keep-alive upstream that answers every request with a small JSON body. It counts the
@@ -82,6 +83,13 @@ async fn counting_upstream(close_after: Option<Duration>) -> CountingUpstream {
                     if let Some(after) = close_after {
                         tokio::time::sleep(after).await;
                         let _ = s.shutdown().await;
+                        // Half closed: the proxy's own close is seen, and reported.
+                        while let Ok(n) = s.read(&mut tmp).await {
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                        let _ = closed_tx.send(Instant::now());
                         return;
                     }
                 }
@@ -169,6 +177,25 @@ async fn a_connection_the_upstream_closed_while_idle_is_not_used_again() {
     assert!(lines.iter().all(|l| l["status"] == 200), "{lines:?}");
 }
 
+/// An idle kept connection has no task of its own; the upstream's close must still be noticed
+/// while nothing is sent, and the proxy's side closed at once, not at the next request or sweep.
+#[tokio::test]
+async fn a_connection_the_upstream_closes_while_idle_is_closed_by_the_proxy_at_once() {
+    let mut up = counting_upstream(Some(Duration::from_millis(20))).await;
+    let proxy = one_thread_proxy(&up, 90_000).await;
+    for _ in 0..2 {
+        let got = raw_request(proxy.addr, &get_models()).await;
+        assert_eq!(got.status, 200);
+        // The sweep runs every 45 s here: only the stirred socket can close it sooner.
+        tokio::time::timeout(Duration::from_secs(5), up.peer_closed.recv())
+            .await
+            .expect("the proxy kept a connection the upstream had closed")
+            .unwrap();
+    }
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 2);
+    proxy.stop().await;
+}
+
 #[tokio::test]
 async fn a_connection_idle_past_pool_idle_ms_is_closed() {
     let mut up = counting_upstream(None).await;
@@ -185,5 +212,74 @@ async fn a_connection_idle_past_pool_idle_ms_is_closed() {
         idle >= Duration::from_millis(250),
         "closed after {idle:?}, before its idle time"
     );
+    proxy.stop().await;
+}
+
+/// An upstream that answers each request with its body reversed. It counts its connections.
+async fn reversing_upstream() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let (s, _) = listener.accept().await.unwrap();
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut s = tokio::io::BufReader::new(s);
+                loop {
+                    let mut len = 0usize;
+                    loop {
+                        let mut line = String::new();
+                        if s.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        let lower = line.to_ascii_lowercase();
+                        if let Some(v) = lower.strip_prefix("content-length:") {
+                            len = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0u8; len];
+                    s.read_exact(&mut body).await.unwrap();
+                    body.reverse();
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: {len}\r\n\r\n"
+                    );
+                    s.get_mut().write_all(head.as_bytes()).await.unwrap();
+                    s.get_mut().write_all(&body).await.unwrap();
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// Bodies far larger than the sockets' buffers, both ways. No task of the connection's own
+/// writes the request or reads the answer: the request's wait and then the body drive it, and
+/// its socket's write and read readiness must wake them. The connection is kept after.
+#[tokio::test]
+async fn bodies_larger_than_the_socket_buffers_pass_whole_both_ways() {
+    let (addr, accepted) = reversing_upstream().await;
+    let proxy = TestProxy::start(&format!("http://{addr}"), |c| c.serving_threads = 1).await;
+    let body: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+    for _ in 0..2 {
+        let mut req = format!(
+            "POST /v1/reverse HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(&body);
+        let got = raw_request(proxy.addr, &req).await;
+        assert_eq!(got.status, 200);
+        assert_eq!(got.body.len(), body.len());
+        assert!(
+            got.body.iter().eq(body.iter().rev()),
+            "the answer came back whole and in order"
+        );
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "one kept connection");
     proxy.stop().await;
 }

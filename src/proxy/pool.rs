@@ -2,32 +2,139 @@
 //! alive and reused per replica. It replaces hyper-util's pooled client, whose per-request
 //! machinery (a pool shared across runtimes, the checkout and connect futures raced against each
 //! other, and a task spawned per request to hand the connection back once its response ended)
-//! cost 7–10 µs of each request's round trip (`benches/ttft_breakdown.rs`). Here a connection goes
-//! back when its response body ends, from the body itself ([`PooledBody`]).
+//! cost 7–10 µs of each request's round trip (`benches/ttft_breakdown.rs`).
+//!
+//! No connection has a task of its own. Whoever uses a connection polls it: the request waiting
+//! for its response head ([`Upstream::drive`]), then the response body ([`PooledBody`]), both on
+//! the task that serves the client. A frame thus goes from the upstream socket to the client in
+//! one task poll, where a connection task would cost a second poll and a hand-off per frame. An
+//! idle connection is polled only when its socket stirs: its wake goes to the pool's sweeper,
+//! which closes it at once when the upstream closed it. It is also settled when it is checked
+//! out, so a close that arrived just before is seen before a request is sent on it.
 
-use std::pin::Pin;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
-use tower::ServiceExt;
+use hyper::client::conn::http1::{Connection, SendRequest};
+use tower::{Service, ServiceExt};
 
 use crate::tls::UpstreamConnector;
 
 /// A replica's address as connections are kept by: scheme and authority.
 type Key = (Scheme, Authority);
 
+/// The transport of an upstream connection (plain TCP or TLS).
+type Io = <UpstreamConnector as Service<Uri>>::Response;
+
+/// One upstream connection: the handle requests are sent on, and the connection future that does
+/// its reading and writing, polled only by the connection's current user.
+struct Upstream {
+    sender: SendRequest<Full<Bytes>>,
+    /// Boxed: with its TLS state it is kilobytes, and an upstream moves from the pool to the
+    /// request to the body and back on every request.
+    conn: Pin<Box<Connection<Io, Full<Bytes>>>>,
+    /// The connection future has completed (closed or failed); it is never polled again.
+    over: bool,
+    /// What the connection is polled with, and `relay` as a [`Waker`].
+    relay: Arc<Relay>,
+    relay_waker: Waker,
+}
+
+/// The waker a connection is always polled with. It passes a wake on to the task that uses the
+/// connection now, if any. While that task takes a frame from hyper's body channel it passes
+/// nothing on: taking a frame wakes the connection (there is room for the next one), and the
+/// task is about to poll the connection anyway, so that wake would only poll the task once more
+/// for each frame.
+struct Relay {
+    task: AtomicWaker,
+    taking: AtomicBool,
+}
+
+impl Wake for Relay {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if !self.taking.load(Ordering::Relaxed) {
+            self.task.wake();
+        }
+    }
+}
+
+impl Upstream {
+    fn new(sender: SendRequest<Full<Bytes>>, conn: Connection<Io, Full<Bytes>>) -> Upstream {
+        let relay = Arc::new(Relay {
+            task: AtomicWaker::new(),
+            taking: AtomicBool::new(false),
+        });
+        Upstream {
+            sender,
+            conn: Box::pin(conn),
+            over: false,
+            relay_waker: Waker::from(relay.clone()),
+            relay,
+        }
+    }
+
+    /// Polls the connection for the task of `cx`; whether it is over.
+    fn poll_conn(&mut self, cx: &mut Context<'_>) -> bool {
+        self.relay.task.register(cx.waker());
+        self.poll_relayed()
+    }
+
+    fn poll_relayed(&mut self) -> bool {
+        let mut relayed = Context::from_waker(&self.relay_waker);
+        if !self.over && self.conn.as_mut().poll(&mut relayed).is_ready() {
+            self.over = true;
+        }
+        self.over
+    }
+
+    /// Lets the connection do what it can now, for no task: for a connection no task waits on,
+    /// whose wakes go nowhere. Whether it is over.
+    fn settle(&mut self) -> bool {
+        drop(self.relay.task.take());
+        self.poll_relayed()
+    }
+
+    /// Polls `step`, which only this connection's progress can complete, while driving the
+    /// connection from this task. `step` is polled without a waker: the connection's socket wakes
+    /// this task, and each wakeup polls both. Once the connection is over, `step` gets the real
+    /// waker, though by then it is ready with the connection's error.
+    async fn drive<T>(
+        &mut self,
+        mut step: impl FnMut(&mut Self, &mut Context<'_>) -> Poll<T>,
+    ) -> T {
+        poll_fn(|cx| {
+            let mut quiet = Context::from_waker(Waker::noop());
+            if let Poll::Ready(v) = step(self, &mut quiet) {
+                return Poll::Ready(v);
+            }
+            if self.poll_conn(cx) {
+                step(self, cx)
+            } else {
+                step(self, &mut quiet)
+            }
+        })
+        .await
+    }
+}
+
 /// A connection waiting for its next request.
 struct Idle {
-    sender: SendRequest<Full<Bytes>>,
+    upstream: Upstream,
     since: Instant,
 }
 
@@ -46,6 +153,24 @@ struct Inner {
     idle: Mutex<Vec<(Key, Vec<Idle>)>>,
     /// A sweeper task is closing idle connections past `idle_timeout`.
     sweeping: AtomicBool,
+    /// What an idle connection's relay wakes when its socket stirs (the upstream closed it, or
+    /// sent what it should not have): the sweeper, which then settles the idle connections and
+    /// closes the ones that are over, at once, as a connection task would have.
+    stirred: Arc<Stirred>,
+    stirred_waker: Waker,
+}
+
+/// An idle connection's socket has stirred; a wake is kept until the sweeper takes it.
+struct Stirred(tokio::sync::Notify);
+
+impl Wake for Stirred {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.notify_one();
+    }
 }
 
 /// Why a request could not be sent or answered.
@@ -72,12 +197,15 @@ impl UpstreamError {
 impl UpstreamPool {
     /// An empty pool that connects with `connector` and closes connections idle `idle_timeout`.
     pub fn new(connector: UpstreamConnector, idle_timeout: Duration) -> UpstreamPool {
+        let stirred = Arc::new(Stirred(tokio::sync::Notify::new()));
         UpstreamPool {
             inner: Arc::new(Inner {
                 connector,
                 idle_timeout,
                 idle: Mutex::new(Vec::new()),
                 sweeping: AtomicBool::new(false),
+                stirred_waker: Waker::from(stirred.clone()),
+                stirred,
             }),
         }
     }
@@ -99,24 +227,29 @@ impl UpstreamPool {
             .path_and_query()
             .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
         loop {
-            let (mut sender, kept) = match self.checkout(&key) {
-                Some(s) => (s, true),
+            let (mut upstream, kept) = match self.checkout(&key) {
+                Some(u) => (u, true),
                 None => (self.connect(&target).await?, false),
             };
-            if let Err(e) = sender.ready().await {
+            if let Err(e) = upstream.drive(|u, cx| u.sender.poll_ready(cx)).await {
                 if kept {
                     continue; // closed while idle: the next one, or a new connection
                 }
                 return Err(UpstreamError::Request(e));
             }
-            match sender.try_send_request(req).await {
+            let mut sent = pin!(upstream.sender.try_send_request(req));
+            match upstream.drive(|_, cx| sent.as_mut().poll(cx)).await {
                 Ok(resp) => {
-                    let back = Some(GiveBack {
+                    let held = Some(Held {
                         pool: self.clone(),
                         key,
-                        sender,
+                        upstream,
                     });
-                    let mut resp = resp.map(|inner| PooledBody { inner, back });
+                    let mut resp = resp.map(|inner| PooledBody {
+                        inner,
+                        held,
+                        first_poll: true,
+                    });
                     // A body that is over before it starts (204, 304, `content-length: 0`) may
                     // never be polled: its connection is free now.
                     if resp.body().inner.is_end_stream() {
@@ -133,20 +266,20 @@ impl UpstreamPool {
     }
 
     /// The most recently used idle connection to `key` still open and not past its idle time.
-    fn checkout(&self, key: &Key) -> Option<SendRequest<Full<Bytes>>> {
+    fn checkout(&self, key: &Key) -> Option<Upstream> {
         let now = Instant::now();
         let mut idle = self.inner.idle.lock().ok()?;
         let list = &mut idle.iter_mut().find(|(k, _)| k == key)?.1;
-        while let Some(c) = list.pop() {
-            if !c.sender.is_closed() && now.duration_since(c.since) < self.inner.idle_timeout {
-                return Some(c.sender);
+        while let Some(mut c) = list.pop() {
+            if now.duration_since(c.since) < self.inner.idle_timeout && open(&mut c.upstream) {
+                return Some(c.upstream);
             }
         }
         None
     }
 
-    /// A new connection to `target`'s replica, its task spawned on this thread's runtime.
-    async fn connect(&self, target: &Uri) -> Result<SendRequest<Full<Bytes>>, UpstreamError> {
+    /// A new connection to `target`'s replica.
+    async fn connect(&self, target: &Uri) -> Result<Upstream, UpstreamError> {
         let io = self
             .inner
             .connector
@@ -159,22 +292,23 @@ impl UpstreamPool {
             .handshake(io)
             .await
             .map_err(|e| UpstreamError::Connect(Box::new(e)))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(sender)
+        let mut upstream = Upstream::new(sender, conn);
+        // Its first poll makes it ready for a request; settled, that wakes no task later.
+        upstream.settle();
+        Ok(upstream)
     }
 
-    /// Keeps `sender` for the next request to `key`, unless its connection is closing.
-    fn give_back(&self, key: Key, sender: SendRequest<Full<Bytes>>) {
-        if sender.is_closed() {
+    /// Keeps `upstream` for the next request to `key`, unless its connection is closing.
+    fn give_back(&self, key: Key, mut upstream: Upstream) {
+        if !open(&mut upstream) {
             return;
         }
+        upstream.relay.task.register(&self.inner.stirred_waker);
         let Ok(mut idle) = self.inner.idle.lock() else {
             return;
         };
         let entry = Idle {
-            sender,
+            upstream,
             since: Instant::now(),
         };
         match idle.iter_mut().find(|(k, _)| *k == key) {
@@ -188,18 +322,32 @@ impl UpstreamPool {
     }
 }
 
-/// Closes connections idle past the timeout (dropping the last handle ends an idle connection),
-/// while any are kept; ends when none are.
+/// Settles an idle connection (it reads an end of stream the upstream sent meanwhile) and says
+/// whether it is still open for a request.
+fn open(upstream: &mut Upstream) -> bool {
+    !upstream.settle() && !upstream.sender.is_closed()
+}
+
+/// Closes connections idle past the timeout, and connections the upstream closed as soon as their
+/// socket stirs, while any are kept; ends when none are.
 async fn sweep(inner: Arc<Inner>) {
     loop {
-        tokio::time::sleep(inner.idle_timeout / 2).await;
+        tokio::select! {
+            () = tokio::time::sleep(inner.idle_timeout / 2) => {}
+            () = inner.stirred.0.notified() => {}
+        }
         let now = Instant::now();
         let Ok(mut idle) = inner.idle.lock() else {
             return;
         };
         for (_, list) in idle.iter_mut() {
-            list.retain(|c| {
-                !c.sender.is_closed() && now.duration_since(c.since) < inner.idle_timeout
+            list.retain_mut(|c| {
+                let keep =
+                    now.duration_since(c.since) < inner.idle_timeout && open(&mut c.upstream);
+                if keep {
+                    c.upstream.relay.task.register(&inner.stirred_waker);
+                }
+                keep
             });
         }
         idle.retain(|(_, list)| !list.is_empty());
@@ -210,25 +358,43 @@ async fn sweep(inner: Arc<Inner>) {
     }
 }
 
-/// Where a connection goes when its response ends.
-struct GiveBack {
+/// The connection a response body reads from, and where it goes when the response ends.
+struct Held {
     pool: UpstreamPool,
     key: Key,
-    sender: SendRequest<Full<Bytes>>,
+    upstream: Upstream,
 }
 
-/// A response body from the upstream. When it ends cleanly its connection is kept for the next
-/// request; dropped before its end (a client gone, a limit hit), or failed, the connection is
-/// closed with it, which cancels the request upstream.
+/// A response body from the upstream. It drives its connection as it is polled. When it ends
+/// cleanly its connection is kept for the next request; dropped before its end (a client gone, a
+/// limit hit), or failed, the connection is closed with it, which cancels the request upstream.
 pub struct PooledBody {
     inner: Incoming,
-    back: Option<GiveBack>,
+    held: Option<Held>,
+    /// Not polled yet.
+    first_poll: bool,
 }
 
 impl PooledBody {
+    /// Polls hyper's body channel, with the connection's relay holding the wake it causes.
+    fn take_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let relay = self.held.as_ref().map(|h| &h.upstream.relay);
+        if let Some(r) = relay {
+            r.taking.store(true, Ordering::Relaxed);
+        }
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Some(r) = relay {
+            r.taking.store(false, Ordering::Relaxed);
+        }
+        polled
+    }
+
     fn give_back(&mut self) {
-        if let Some(b) = self.back.take() {
-            b.pool.give_back(b.key, b.sender);
+        if let Some(h) = self.held.take() {
+            h.pool.give_back(h.key, h.upstream);
         }
     }
 }
@@ -242,14 +408,21 @@ impl Body for PooledBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => this.give_back(),
-            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.give_back(),
-            Poll::Ready(Some(Err(_))) => this.back = None,
-            _ => {}
+        // hyper's body channel is filled only when the connection is polled, here: it needs no
+        // waker of its own, and a waker there would make each frame wake this task once more.
+        let mut quiet = Context::from_waker(Waker::noop());
+        // The channel holds one frame, and it is taken right after each poll of the connection:
+        // it is empty at the start of a poll, except for what came with the response head.
+        if this.first_poll {
+            this.first_poll = false;
+            let polled = this.take_frame(&mut quiet);
+            if polled.is_ready() {
+                return this.after(polled);
+            }
         }
-        polled
+        let over = this.held.as_mut().is_none_or(|h| h.upstream.poll_conn(cx));
+        let polled = this.take_frame(if over { cx } else { &mut quiet });
+        this.after(polled)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -258,5 +431,21 @@ impl Body for PooledBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl PooledBody {
+    /// Gives the connection back once the body has ended; closes it if the body failed.
+    fn after(
+        &mut self,
+        polled: Poll<Option<Result<Frame<Bytes>, hyper::Error>>>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match &polled {
+            Poll::Ready(None) => self.give_back(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.give_back(),
+            Poll::Ready(Some(Err(_))) => self.held = None,
+            _ => {}
+        }
+        polled
     }
 }
