@@ -56,9 +56,14 @@ struct Upstream {
 /// nothing on: taking a frame wakes the connection (there is room for the next one), and the
 /// task is about to poll the connection anyway, so that wake would only poll the task once more
 /// for each frame.
+///
+/// A wake held back is remembered (`held`): on a runtime whose I/O driver runs on another thread,
+/// a socket's wake could arrive during the take, and the take ending in `Pending` must not lose
+/// it. (The serving threads' runtimes are single-threaded; this keeps the pool correct on any.)
 struct Relay {
     task: AtomicWaker,
     taking: AtomicBool,
+    held: AtomicBool,
 }
 
 impl Wake for Relay {
@@ -67,7 +72,9 @@ impl Wake for Relay {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        if !self.taking.load(Ordering::Relaxed) {
+        if self.taking.load(Ordering::Acquire) {
+            self.held.store(true, Ordering::Release);
+        } else {
             self.task.wake();
         }
     }
@@ -78,6 +85,7 @@ impl Upstream {
         let relay = Arc::new(Relay {
             task: AtomicWaker::new(),
             taking: AtomicBool::new(false),
+            held: AtomicBool::new(false),
         });
         Upstream {
             sender,
@@ -383,11 +391,16 @@ impl PooledBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let relay = self.held.as_ref().map(|h| &h.upstream.relay);
         if let Some(r) = relay {
-            r.taking.store(true, Ordering::Relaxed);
+            r.taking.store(true, Ordering::Release);
         }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if let Some(r) = relay {
-            r.taking.store(false, Ordering::Relaxed);
+            r.taking.store(false, Ordering::Release);
+            // After a frame the body is polled again, and with it the connection; after none,
+            // a wake held back meanwhile is passed on.
+            if r.held.swap(false, Ordering::AcqRel) && polled.is_pending() {
+                r.task.wake();
+            }
         }
         polled
     }
