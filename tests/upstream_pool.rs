@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-/// A keep-alive upstream that answers every request with a small JSON body. It counts the
-/// connections it accepted; with `close_after` it closes each connection that long after its
-/// first answer (as a server's keep-alive timeout does); it reports when a connection was
-/// closed by the other side.
+/// A keep-alive upstream that answers every request with a small JSON body, and a POST to
+/// `/v1/reverse` with its body reversed. It counts the connections it accepted; with
+/// `close_after` it closes each connection that long after its first answer (as a server's
+/// keep-alive timeout does); it reports when a connection was closed by the other side.
 struct CountingUpstream {
     addr: std::net::SocketAddr,
     accepted: Arc<AtomicUsize>,
@@ -62,7 +62,17 @@ async fn counting_upstream(close_after: Option<Duration>) -> CountingUpstream {
                     if buf.len() < end + 4 + len {
                         continue;
                     }
-                    buf.drain(..end + 4 + len);
+                    let request_body: Vec<u8> = buf.drain(..end + 4 + len).skip(end + 4).collect();
+                    // `/v1/reverse` answers with its request's body reversed.
+                    if head.starts_with("post /v1/reverse ") {
+                        let reversed: Vec<u8> = request_body.into_iter().rev().collect();
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: {len}\r\n\r\n"
+                        );
+                        s.write_all(head.as_bytes()).await.unwrap();
+                        s.write_all(&reversed).await.unwrap();
+                        continue;
+                    }
                     // `/health` answers with an empty body, as vLLM's does.
                     let body = if head.contains(" /health ") {
                         ""
@@ -215,55 +225,13 @@ async fn a_connection_idle_past_pool_idle_ms_is_closed() {
     proxy.stop().await;
 }
 
-/// An upstream that answers each request with its body reversed. It counts its connections.
-async fn reversing_upstream() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    tokio::spawn(async move {
-        loop {
-            let (s, _) = listener.accept().await.unwrap();
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let mut s = tokio::io::BufReader::new(s);
-                loop {
-                    let mut len = 0usize;
-                    loop {
-                        let mut line = String::new();
-                        if s.read_line(&mut line).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                        let lower = line.to_ascii_lowercase();
-                        if let Some(v) = lower.strip_prefix("content-length:") {
-                            len = v.trim().parse().unwrap();
-                        }
-                    }
-                    let mut body = vec![0u8; len];
-                    s.read_exact(&mut body).await.unwrap();
-                    body.reverse();
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: {len}\r\n\r\n"
-                    );
-                    s.get_mut().write_all(head.as_bytes()).await.unwrap();
-                    s.get_mut().write_all(&body).await.unwrap();
-                }
-            });
-        }
-    });
-    (addr, accepted)
-}
-
 /// Bodies far larger than the sockets' buffers, both ways. No task of the connection's own
 /// writes the request or reads the answer: the request's wait and then the body drive it, and
 /// its socket's write and read readiness must wake them. The connection is kept after.
 #[tokio::test]
 async fn bodies_larger_than_the_socket_buffers_pass_whole_both_ways() {
-    let (addr, accepted) = reversing_upstream().await;
-    let proxy = TestProxy::start(&format!("http://{addr}"), |c| c.serving_threads = 1).await;
+    let up = counting_upstream(None).await;
+    let proxy = one_thread_proxy(&up, 90_000).await;
     let body: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
     for _ in 0..2 {
         let mut req = format!(
@@ -280,6 +248,6 @@ async fn bodies_larger_than_the_socket_buffers_pass_whole_both_ways() {
             "the answer came back whole and in order"
         );
     }
-    assert_eq!(accepted.load(Ordering::SeqCst), 1, "one kept connection");
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 1, "one kept connection");
     proxy.stop().await;
 }

@@ -308,10 +308,9 @@ impl UpstreamPool {
 
     /// Keeps `upstream` for the next request to `key`, unless its connection is closing.
     fn give_back(&self, key: Key, mut upstream: Upstream) {
-        if !open(&mut upstream) {
+        if !self.inner.keep_idle(&mut upstream) {
             return;
         }
-        upstream.relay.task.register(&self.inner.stirred_waker);
         let Ok(mut idle) = self.inner.idle.lock() else {
             return;
         };
@@ -336,6 +335,17 @@ fn open(upstream: &mut Upstream) -> bool {
     !upstream.settle() && !upstream.sender.is_closed()
 }
 
+impl Inner {
+    /// Whether `upstream` is still open to be kept idle; if so, its socket now wakes the sweeper.
+    fn keep_idle(&self, upstream: &mut Upstream) -> bool {
+        let keep = open(upstream);
+        if keep {
+            upstream.relay.task.register(&self.stirred_waker);
+        }
+        keep
+    }
+}
+
 /// Closes connections idle past the timeout, and connections the upstream closed as soon as their
 /// socket stirs, while any are kept; ends when none are.
 async fn sweep(inner: Arc<Inner>) {
@@ -350,12 +360,7 @@ async fn sweep(inner: Arc<Inner>) {
         };
         for (_, list) in idle.iter_mut() {
             list.retain_mut(|c| {
-                let keep =
-                    now.duration_since(c.since) < inner.idle_timeout && open(&mut c.upstream);
-                if keep {
-                    c.upstream.relay.task.register(&inner.stirred_waker);
-                }
-                keep
+                now.duration_since(c.since) < inner.idle_timeout && inner.keep_idle(&mut c.upstream)
             });
         }
         idle.retain(|(_, list)| !list.is_empty());
@@ -365,6 +370,9 @@ async fn sweep(inner: Arc<Inner>) {
         }
     }
 }
+
+/// What polling a response body gives.
+type Polled = Poll<Option<Result<Frame<Bytes>, hyper::Error>>>;
 
 /// The connection a response body reads from, and where it goes when the response ends.
 struct Held {
@@ -385,10 +393,7 @@ pub struct PooledBody {
 
 impl PooledBody {
     /// Polls hyper's body channel, with the connection's relay holding the wake it causes.
-    fn take_frame(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn take_frame(&mut self, cx: &mut Context<'_>) -> Polled {
         let relay = self.held.as_ref().map(|h| &h.upstream.relay);
         if let Some(r) = relay {
             r.taking.store(true, Ordering::Release);
@@ -405,6 +410,17 @@ impl PooledBody {
         polled
     }
 
+    /// Gives the connection back once the body has ended; closes it if the body failed.
+    fn after(&mut self, polled: Polled) -> Polled {
+        match &polled {
+            Poll::Ready(None) => self.give_back(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.give_back(),
+            Poll::Ready(Some(Err(_))) => self.held = None,
+            _ => {}
+        }
+        polled
+    }
+
     fn give_back(&mut self) {
         if let Some(h) = self.held.take() {
             h.pool.give_back(h.key, h.upstream);
@@ -416,10 +432,7 @@ impl Body for PooledBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Polled {
         let this = self.get_mut();
         // hyper's body channel is filled only when the connection is polled, here: it needs no
         // waker of its own, and a waker there would make each frame wake this task once more.
@@ -444,21 +457,5 @@ impl Body for PooledBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
-    }
-}
-
-impl PooledBody {
-    /// Gives the connection back once the body has ended; closes it if the body failed.
-    fn after(
-        &mut self,
-        polled: Poll<Option<Result<Frame<Bytes>, hyper::Error>>>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match &polled {
-            Poll::Ready(None) => self.give_back(),
-            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.give_back(),
-            Poll::Ready(Some(Err(_))) => self.held = None,
-            _ => {}
-        }
-        polled
     }
 }
