@@ -7,9 +7,9 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --bin tokenmeter \
+RUN cargo build --profile dist --locked --bin tokenmeter \
     && mkdir -p /out/log \
-    && cp target/release/tokenmeter /out/tokenmeter
+    && cp target/dist/tokenmeter /out/tokenmeter
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/tokenmeter /usr/local/bin/tokenmeter

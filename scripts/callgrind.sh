@@ -3,7 +3,7 @@
 # CPU time on a shared machine, the count repeats to within a fraction of a percent between runs.
 #
 # Usage: scripts/callgrind.sh [serve options, e.g. --set metering=false]
-# Env:   REQUESTS (20), EVENTS (64), TOP (40), SIM_PORT (18101), PROXY_PORT (18102),
+# Env:   REQUESTS (20), EVENTS (64), TOP (40), DUMP (many; `one` lists the 1-event run), SIM_PORT (18101), PROXY_PORT (18102),
 #        KEEP=1 keeps the dumps, BIN=path runs that binary instead of building the profiling one
 #        (a release binary keeps its symbols: functions are named, lines are not).
 # Prints instructions per request (1-event requests) and per event = (I_many - I_one) /
@@ -82,5 +82,5 @@ echo "most self instructions in the $events-event run:"
 awk '/^fn=/ { fn = substr($0, 4); next }
      /^calls=/ { skip = 1; next }
      /^([0-9]|\+|-|\*)/ { if (skip) { skip = 0; next } self[fn] += $2 }
-     END { for (f in self) printf "%12d  %s\n", self[f], f }' "$(dump_of many)" |
+     END { for (f in self) printf "%12d  %s\n", self[f], f }' "$(dump_of ${DUMP:-many})" |
     sort -rn | head -"${TOP:-40}" | cut -c1-150

@@ -21,5 +21,5 @@ fi
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
 echo "overhead.sh: open-files limit $(ulimit -n); load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
-cargo build --release --bin tokenmeter
-exec cargo bench --bench overhead -- "${nginx_arg[@]}" "$@"
+cargo build --profile dist --bin tokenmeter
+exec cargo bench --bench overhead -- "${nginx_arg[@]}" --bin target/dist/tokenmeter "$@"
