@@ -3,16 +3,22 @@
 # CPU time on a shared machine, the count repeats to within a fraction of a percent between runs.
 #
 # Usage: scripts/callgrind.sh [serve options, e.g. --set metering=false]
-# Env:   REQUESTS (20), EVENTS (64), TOP (40), DUMP (many; `one` lists the 1-event run), SIM_PORT (18101), PROXY_PORT (18102),
+# Env:   REQUESTS (20), EVENTS (64), TOP (40), DUMP (many, or one: whose functions are listed),
+#        SIM_PORT (18101), PROXY_PORT (18102),
 #        KEEP=1 keeps the dumps, BIN=path runs that binary instead of building the profiling one
 #        (a release binary keeps its symbols: functions are named, lines are not).
 # Prints instructions per request (1-event requests) and per event = (I_many - I_one) /
 # (REQUESTS x (EVENTS - 1)), all threads of the proxy, user space only; then the functions with
-# the most self instructions in the EVENTS-event run.
+# the most self instructions in the EVENTS-event run (DUMP=one: in the 1-event run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is not installed" >&2; exit 2; }
 requests=${REQUESTS:-20}
+listed=${DUMP:-many}
+case "$listed" in
+    one | many) ;;
+    *) echo "callgrind.sh: DUMP is one or many, not $listed" >&2; exit 2 ;;
+esac
 events=${EVENTS:-64}
 sim_port=${SIM_PORT:-18101}
 proxy_port=${PROXY_PORT:-18102}
@@ -78,9 +84,10 @@ echo "instructions per event: $(((many - one) / (requests * (events - 1))))"
 # Self cost per function. callgrind_annotate 3.19 charges a thread's whole cost to `clone` in dumps
 # taken mid-run, so the file is summed here; a cost line right after `calls=` is the inclusive
 # cost of a call and is skipped.
-echo "most self instructions in the $events-event run:"
+if [ "$listed" = one ]; then listed_events=1; else listed_events=$events; fi
+echo "most self instructions in the $listed_events-event run:"
 awk '/^fn=/ { fn = substr($0, 4); next }
      /^calls=/ { skip = 1; next }
      /^([0-9]|\+|-|\*)/ { if (skip) { skip = 0; next } self[fn] += $2 }
-     END { for (f in self) printf "%12d  %s\n", self[f], f }' "$(dump_of ${DUMP:-many})" |
+     END { for (f in self) printf "%12d  %s\n", self[f], f }' "$(dump_of "$listed")" |
     sort -rn | head -"${TOP:-40}" | cut -c1-150
