@@ -175,10 +175,10 @@ fn stages(rt: &tokio::runtime::Runtime, n: usize) -> Vec<(&'static str, f64)> {
     for _ in 0..n.max(1000) {
         let m = meta("key-0123abcd");
         let t = Instant::now();
-        let mut tr = Tracker::start(shared.clone(), t, m.clone(), true);
+        let mut tr = Tracker::start(shared.clone(), t, m, true);
         let id = tr.request_id();
         let t1 = Instant::now();
-        tr.admit(m);
+        tr.admit();
         let t2 = Instant::now();
         drop(tr);
         let t3 = Instant::now();

@@ -38,10 +38,10 @@ pub enum LogLine {
 }
 
 impl LogLine {
-    fn to_json_line(&self) -> Vec<u8> {
+    fn write_json_line(&self, out: &mut impl Write) -> std::io::Result<()> {
         match self {
-            LogLine::Request(r) => r.to_json_line(),
-            LogLine::ServerSample(s) => s.to_json_line(),
+            LogLine::Request(r) => r.write_json_line(out),
+            LogLine::ServerSample(s) => out.write_all(&s.to_json_line()),
         }
     }
 }
@@ -199,8 +199,7 @@ impl Output {
         if self.file.is_none() {
             self.reopen();
         }
-        let line = record.to_json_line();
-        match self.file.as_mut().map(|f| f.write_all(&line)) {
+        match self.file.as_mut().map(|f| record.write_json_line(f)) {
             Some(Ok(())) => self.unflushed += 1,
             Some(Err(e)) => {
                 let lost = self.unflushed + 1;

@@ -97,12 +97,13 @@ fn valid_request_id(v: &HeaderValue) -> Option<&str> {
 
 /// The client's `User-Agent`, cut to a bounded length (invalid UTF-8 replaced).
 fn user_agent(h: &http::HeaderMap) -> Option<String> {
-    let v = h.get(header::USER_AGENT)?;
+    let text = String::from_utf8_lossy(h.get(header::USER_AGENT)?.as_bytes());
+    // Copied once, at its final length.
     Some(
-        String::from_utf8_lossy(v.as_bytes())
-            .chars()
-            .take(crate::record::MAX_USER_AGENT_CHARS)
-            .collect(),
+        match text.char_indices().nth(crate::record::MAX_USER_AGENT_CHARS) {
+            Some((cut, _)) => text[..cut].to_string(),
+            None => text.into_owned(),
+        },
     )
 }
 
@@ -124,16 +125,16 @@ async fn forward(
         .get(&state.request_id_header)
         .and_then(valid_request_id)
         .map(str::to_string);
+    // Borrowed from the URI, which is not changed (only the headers are, below).
     let split = identity::split_user_prefix(parts.uri.path());
-    let path_user = split.user.map(str::to_string);
-    let fwd_path = split.path.to_string();
-    let api = crate::dialect::detect(&fwd_path);
+    let (path_user, fwd_path) = (split.user, split.path);
+    let api = crate::dialect::detect(fwd_path);
     let metered = cfg.metering && api.is_some();
     let clues = |body_user: Option<&str>, headers: &http::HeaderMap| {
         identity::identify(
             &users,
             &Clues {
-                path_user: path_user.as_deref(),
+                path_user,
                 headers,
                 body_user,
                 client_ip: remote.ip(),
@@ -141,7 +142,7 @@ async fn forward(
         )
     };
     let (user, user_source) = clues(None, &parts.headers);
-    let mut meta = RequestMeta {
+    let meta = RequestMeta {
         user: user.into(),
         user_source,
         model: None,
@@ -159,12 +160,12 @@ async fn forward(
             .get("traceparent")
             .and_then(|v| TraceParent::parse(v.as_bytes())),
     };
-    let mut tracker = Tracker::start(state.trackers.clone(), t0, meta.clone(), metered);
     let rid = match &meta.client_request_id {
-        Some(id) => HeaderValue::from_str(id),
-        None => HeaderValue::from_str(&tracker.request_id()),
+        Some(id) => HeaderValue::from_str(id).ok(),
+        None => None,
     };
-    *request_id = rid.ok();
+    let mut tracker = Tracker::start(state.trackers.clone(), t0, meta, metered);
+    *request_id = rid.or_else(|| HeaderValue::from_str(tracker.request_id().as_str()).ok());
 
     if users.require_known_key {
         let known =
@@ -182,6 +183,7 @@ async fn forward(
         Ok(b) => b,
         Err((e, why)) => return reject(tracker, e, why),
     };
+    let meta = tracker.meta_mut();
     meta.bytes_in = body.len() as u64;
 
     let mut upstream_body = body.clone();
@@ -222,27 +224,16 @@ async fn forward(
             }
         }
     }
-    let model = meta.model.clone();
-    tracker.admit(meta);
+    let model = tracker.meta_mut().model.clone();
+    tracker.admit();
 
-    let path_and_query = match parts.uri.query() {
-        Some(q) => format!("{fwd_path}?{q}"),
-        None => fwd_path.clone(),
-    };
-    if upstream_uri(&state.upstreams.list()[0].base, &path_and_query).is_err() {
-        return reject(
-            tracker,
-            ProxyError::bad_request("The request path is not valid."),
-            "invalid path",
-        );
-    }
+    let query = parts.uri.query();
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT);
     headers.remove(header::CONTENT_LENGTH);
-    if let Ok(name) = http::HeaderName::from_bytes(users.header.as_bytes()) {
-        headers.remove(name);
-    }
+    // Looked up by its text: no `HeaderName` is built (and allocated) per request.
+    headers.remove(users.header.as_str());
     // `Host` is set per attempt: each replica gets its own authority.
     if let Some(id) = request_id {
         headers.insert(state.request_id_header.clone(), id.clone());
@@ -286,7 +277,8 @@ async fn forward(
             );
         };
         let index = l.index;
-        let Ok(uri) = upstream_uri(&l.upstream.base, &path_and_query) else {
+        // A path that makes no URI is the client's; every replica's base is a valid URI.
+        let Ok(uri) = upstream_uri(&l.upstream.base, fwd_path, query) else {
             return reject(
                 tracker,
                 ProxyError::bad_request("The request path is not valid."),
@@ -493,10 +485,16 @@ fn content_type_starts(h: &http::HeaderMap, prefix: &str) -> bool {
         .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(prefix))
 }
 
-fn upstream_uri(base: &str, path_and_query: &str) -> Result<Uri, http::Error> {
-    let mut s = String::with_capacity(base.len() + path_and_query.len());
+/// `base` + `path` (+ `?query`), built in one allocation.
+fn upstream_uri(base: &str, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
+    let q = query.map_or(0, |q| q.len() + 1);
+    let mut s = String::with_capacity(base.len() + path.len() + q);
     s.push_str(base);
-    s.push_str(path_and_query);
+    s.push_str(path);
+    if let Some(q) = query {
+        s.push('?');
+        s.push_str(q);
+    }
     Ok(Uri::try_from(s)?)
 }
 

@@ -8,6 +8,7 @@ pub mod identity;
 mod pool;
 pub mod reload;
 pub mod request;
+mod request_id;
 pub mod serve_cli;
 mod serving;
 pub mod sniff;
@@ -40,6 +41,7 @@ use serving::{
 
 pub use body::BoxError;
 pub use headers::strip_hop_by_hop;
+pub use request_id::RequestId;
 pub use state::ProxyState;
 pub use tracker::{InFlight, RequestMeta, Tracker, TrackerShared};
 

@@ -12,6 +12,7 @@ use crate::fleet::Load;
 use crate::itl::ItlHistogram;
 use crate::observe::Observer;
 use crate::openai::ServerTimings;
+use crate::proxy::request_id::RequestId;
 use crate::record::{
     DerivedRates, Outcome, RequestRecord, TokensSource, UserSource, RECORD_SCHEMA,
 };
@@ -262,9 +263,15 @@ impl Tracker {
         self.shared.per_upstream.get(self.upstream.as_ref()?.index)
     }
 
-    /// The request was read and will be forwarded: its final identity, and observers hear of it.
-    pub fn admit(&mut self, meta: RequestMeta) {
-        self.meta = meta;
+    /// What is known about the request, to complete once its body is read (before
+    /// [`admit`](Self::admit)).
+    pub fn meta_mut(&mut self) -> &mut RequestMeta {
+        &mut self.meta
+    }
+
+    /// The request was read and will be forwarded: its identity in the meta is final, and
+    /// observers hear of it.
+    pub fn admit(&mut self) {
         if self.metered && !self.announced {
             self.announced = true;
             for o in &self.shared.observers {
@@ -278,9 +285,9 @@ impl Tracker {
         }
     }
 
-    /// The request's id as logged: the one place the numeric id is formatted.
-    pub fn request_id(&self) -> String {
-        format!("tm-{:08x}-{:08x}", self.shared.id_prefix, self.id)
+    /// The request's id as logged and sent in `request_id_header`.
+    pub fn request_id(&self) -> RequestId {
+        RequestId::new(self.shared.id_prefix, self.id)
     }
 
     /// Whether this request is metered (a generation request).
@@ -468,6 +475,7 @@ impl Tracker {
         t.map(|t| t.saturating_duration_since(self.t0).as_secs_f64() * 1e3)
     }
 
+    /// The request's record. Built once (`finish` runs once): the meta's strings move into it.
     fn record(&mut self, outcome: Outcome, error: Option<&str>, now: Instant) -> RequestRecord {
         let (completion, source) = match (self.usage_completion, self.counted) {
             (Some(c), _) => (Some(c), TokensSource::Usage),
@@ -484,16 +492,16 @@ impl Tracker {
             schema: RECORD_SCHEMA,
             ts: format_rfc3339_micros(self.t0_ns),
             ts_ns: self.t0_ns,
-            request_id: self.request_id(),
-            client_request_id: self.meta.client_request_id.clone(),
+            request_id: self.request_id().as_str().to_string(),
+            client_request_id: self.meta.client_request_id.take(),
             upstream: self.upstream.as_ref().map(|l| l.upstream.name.to_string()),
             user: self.meta.user.to_string(),
             user_source: self.meta.user_source,
             model: self.meta.model.as_deref().map(str::to_string),
-            method: self.meta.method.clone(),
-            path: self.meta.path.clone(),
-            user_agent: self.meta.user_agent.clone(),
-            client_ip: self.meta.client_ip.clone(),
+            method: std::mem::take(&mut self.meta.method),
+            path: std::mem::take(&mut self.meta.path),
+            user_agent: self.meta.user_agent.take(),
+            client_ip: self.meta.client_ip.take(),
             status: self.status,
             stream: self.meta.stream,
             outcome,
@@ -519,7 +527,7 @@ impl Tracker {
             decode_tok_s: rates.decode_tok_s,
             in_flight_at_start: self.in_flight_at_start,
             cold_start: self.cold,
-            finish_reason: self.finish_reason.clone(),
+            finish_reason: self.finish_reason.take(),
             bytes_in: self.meta.bytes_in,
             bytes_out: self.bytes_out,
             error: error.map(str::to_string),
