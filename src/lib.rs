@@ -14,6 +14,7 @@ pub mod exposition;
 pub mod fleet;
 pub mod fold;
 pub mod health;
+mod hex;
 pub mod itl;
 pub mod join;
 pub mod load;

@@ -6,6 +6,7 @@ use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
 use crate::config::UsersConfig;
+use crate::hex::hex;
 use crate::record::UserSource;
 
 /// The longest user name kept; longer names are cut.
@@ -98,33 +99,6 @@ fn pseudonym_of(d: &[u8; 32]) -> String {
     s.push_str("key-");
     s.push_str(hex(&d[..4]).as_str());
     s
-}
-
-/// Lowercase hex of up to 32 bytes, on the stack: identity runs on every request.
-struct Hex {
-    buf: [u8; 64],
-    len: usize,
-}
-
-impl Hex {
-    fn as_str(&self) -> &str {
-        // Only ASCII hex digits are written.
-        std::str::from_utf8(&self.buf[..self.len]).unwrap_or_default()
-    }
-}
-
-fn hex(bytes: &[u8]) -> Hex {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut h = Hex {
-        buf: [0; 64],
-        len: 0,
-    };
-    for &b in bytes.iter().take(32) {
-        h.buf[h.len] = DIGITS[usize::from(b >> 4)];
-        h.buf[h.len + 1] = DIGITS[usize::from(b & 15)];
-        h.len += 2;
-    }
-    h
 }
 
 /// The configured name of `key`, comparing in constant time per entry.
@@ -334,12 +308,7 @@ mod tests {
     }
 
     #[test]
-    fn hex_and_pseudonym_agree_with_format() {
-        let all: Vec<u8> = (0..=255).collect();
-        for chunk in all.chunks(32) {
-            let want: String = chunk.iter().map(|b| format!("{b:02x}")).collect();
-            assert_eq!(hex(chunk).as_str(), want);
-        }
+    fn pseudonym_agrees_with_format() {
         let d = Sha256::digest(b"sk-abc");
         let want = format!("key-{:02x}{:02x}{:02x}{:02x}", d[0], d[1], d[2], d[3]);
         assert_eq!(key_pseudonym("sk-abc"), want);

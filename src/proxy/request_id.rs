@@ -1,6 +1,8 @@
 //! The proxy's own request ids, formatted on the stack: one is made for every request, sent
 //! in `request_id_header` and logged.
 
+use crate::hex::hex;
+
 /// A request id, `tm-<process prefix>-<counter>` in at least 8 lowercase hex digits each,
 /// formatted without allocating.
 #[derive(Clone, Copy)]
@@ -13,11 +15,19 @@ impl RequestId {
     /// The id of request `id` of the process whose ids start with `prefix`.
     pub fn new(prefix: u32, id: u64) -> RequestId {
         let mut buf = [0u8; 28];
-        buf[..3].copy_from_slice(b"tm-");
-        let mut len = 3 + put_hex(&mut buf[3..], u64::from(prefix));
-        buf[len] = b'-';
-        len += 1;
-        len += put_hex(&mut buf[len..], id);
+        let mut len = 0;
+        let mut put = |part: &[u8]| {
+            buf[len..len + part.len()].copy_from_slice(part);
+            len += part.len();
+        };
+        put(b"tm-");
+        put(hex(&prefix.to_be_bytes()).as_str().as_bytes());
+        put(b"-");
+        let counter = hex(&id.to_be_bytes());
+        let digits = counter.as_str();
+        // At least 8 digits, as `{:08x}`: the leading zeros beyond those are cut.
+        let significant = digits.trim_start_matches('0').len().max(8);
+        put(&digits.as_bytes()[16 - significant..]);
         RequestId {
             buf,
             len: len as u8,
@@ -29,16 +39,6 @@ impl RequestId {
         // Only ASCII is ever written.
         std::str::from_utf8(&self.buf[..usize::from(self.len)]).unwrap_or_default()
     }
-}
-
-/// Writes `v` as lowercase hex, at least 8 digits (`{:08x}`); returns the digits written.
-fn put_hex(out: &mut [u8], v: u64) -> usize {
-    let digits = (16 - v.leading_zeros() as usize / 4).max(8);
-    for (i, slot) in out[..digits].iter_mut().enumerate() {
-        let nibble = (v >> (4 * (digits - 1 - i))) & 0xf;
-        *slot = b"0123456789abcdef"[nibble as usize];
-    }
-    digits
 }
 
 #[cfg(test)]
