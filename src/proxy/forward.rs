@@ -160,12 +160,12 @@ async fn forward(
             .get("traceparent")
             .and_then(|v| TraceParent::parse(v.as_bytes())),
     };
-    let rid = match &meta.client_request_id {
-        Some(id) => HeaderValue::from_str(id).ok(),
-        None => None,
-    };
+    let client_rid = meta.client_request_id.as_deref().map(HeaderValue::from_str);
     let mut tracker = Tracker::start(state.trackers.clone(), t0, meta, metered);
-    *request_id = rid.or_else(|| HeaderValue::from_str(tracker.request_id().as_str()).ok());
+    *request_id = match client_rid {
+        Some(v) => v.ok(),
+        None => HeaderValue::from_str(tracker.request_id().as_str()).ok(),
+    };
 
     if users.require_known_key {
         let known =

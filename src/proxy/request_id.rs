@@ -3,18 +3,21 @@
 
 use crate::hex::hex;
 
+/// The longest id: `tm-`, 8 digits of prefix, `-`, 16 digits of counter.
+const MAX_LEN: usize = 3 + 8 + 1 + 16;
+
 /// A request id, `tm-<process prefix>-<counter>` in at least 8 lowercase hex digits each,
 /// formatted without allocating.
 #[derive(Clone, Copy)]
 pub struct RequestId {
-    buf: [u8; 3 + 8 + 1 + 16],
+    buf: [u8; MAX_LEN],
     len: u8,
 }
 
 impl RequestId {
     /// The id of request `id` of the process whose ids start with `prefix`.
     pub fn new(prefix: u32, id: u64) -> RequestId {
-        let mut buf = [0u8; 28];
+        let mut buf = [0u8; MAX_LEN];
         let mut len = 0;
         let mut put = |part: &[u8]| {
             buf[len..len + part.len()].copy_from_slice(part);

@@ -19,15 +19,16 @@ fn value<W: Write, T: Serialize + ?Sized>(out: &mut W, v: &T) -> io::Result<()> 
         .map_err(io::Error::from)
 }
 
-/// Writes `{"k1":v1,"k2":v2,...}` for the record's fields in declaration order (serde's).
+/// Writes `{"type":..,"f1":v1,...}`: `kind` under its serde name `type`, then the other fields
+/// under their own names, in declaration order (serde's).
 macro_rules! object {
-    ($out:ident, $r:ident; $k1:literal => $f1:ident $(, $k:literal => $f:ident)* $(,)?) => {{
-        $out.write_all(concat!("{\"", $k1, "\":").as_bytes())?;
-        value($out, &$r.$f1)?;
+    ($out:ident, $r:ident; $($f:ident),+ $(,)?) => {{
+        $out.write_all(b"{\"type\":")?;
+        value($out, &$r.kind)?;
         $(
-            $out.write_all(concat!(",\"", $k, "\":").as_bytes())?;
+            $out.write_all(concat!(",\"", stringify!($f), "\":").as_bytes())?;
             value($out, &$r.$f)?;
-        )*
+        )+
         $out.write_all(b"}\n")
     }};
 }
@@ -35,52 +36,51 @@ macro_rules! object {
 /// Writes `r` as one JSON line, newline included.
 pub(super) fn write<W: Write>(out: &mut W, r: &RequestRecord) -> io::Result<()> {
     object!(out, r;
-        "type" => kind,
-        "schema" => schema,
-        "ts" => ts,
-        "ts_ns" => ts_ns,
-        "request_id" => request_id,
-        "client_request_id" => client_request_id,
-        "upstream" => upstream,
-        "user" => user,
-        "user_source" => user_source,
-        "model" => model,
-        "method" => method,
-        "path" => path,
-        "user_agent" => user_agent,
-        "client_ip" => client_ip,
-        "status" => status,
-        "stream" => stream,
-        "outcome" => outcome,
-        "api" => api,
-        "prompt_tokens" => prompt_tokens,
-        "completion_tokens" => completion_tokens,
-        "cached_prompt_tokens" => cached_prompt_tokens,
-        "reasoning_tokens" => reasoning_tokens,
-        "tokens_source" => tokens_source,
-        "n" => n,
-        "first_byte_ms" => first_byte_ms,
-        "ttft_ms" => ttft_ms,
-        "ttft_source" => ttft_source,
-        "ttft_fallback" => ttft_fallback,
-        "bench_ttft_ms" => bench_ttft_ms,
-        "e2e_ms" => e2e_ms,
-        "tpot_ms" => tpot_ms,
-        "itl_max_ms" => itl_max_ms,
-        "itl_mean_ms" => itl_mean_ms,
-        "itl_p50_ms" => itl_p50_ms,
-        "itl_p99_ms" => itl_p99_ms,
-        "tok_s" => tok_s,
-        "decode_tok_s" => decode_tok_s,
-        "in_flight_at_start" => in_flight_at_start,
-        "cold_start" => cold_start,
-        "finish_reason" => finish_reason,
-        "bytes_in" => bytes_in,
-        "bytes_out" => bytes_out,
-        "error" => error,
-        "server_queue_ms" => server_queue_ms,
-        "server_ttft_ms" => server_ttft_ms,
-        "server_mean_itl_ms" => server_mean_itl_ms,
+        schema,
+        ts,
+        ts_ns,
+        request_id,
+        client_request_id,
+        upstream,
+        user,
+        user_source,
+        model,
+        method,
+        path,
+        user_agent,
+        client_ip,
+        status,
+        stream,
+        outcome,
+        api,
+        prompt_tokens,
+        completion_tokens,
+        cached_prompt_tokens,
+        reasoning_tokens,
+        tokens_source,
+        n,
+        first_byte_ms,
+        ttft_ms,
+        ttft_source,
+        ttft_fallback,
+        bench_ttft_ms,
+        e2e_ms,
+        tpot_ms,
+        itl_max_ms,
+        itl_mean_ms,
+        itl_p50_ms,
+        itl_p99_ms,
+        tok_s,
+        decode_tok_s,
+        in_flight_at_start,
+        cold_start,
+        finish_reason,
+        bytes_in,
+        bytes_out,
+        error,
+        server_queue_ms,
+        server_ttft_ms,
+        server_mean_itl_ms,
     )
 }
 
