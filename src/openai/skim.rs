@@ -13,6 +13,11 @@ use std::borrow::Cow;
 use super::{Summary, Usage};
 use crate::swar::find_string_special;
 
+mod memo;
+
+pub(super) use memo::summarize_memo;
+pub use memo::EventMemo;
+
 /// The skimmer declined: serde must decide.
 #[derive(Debug)]
 pub(super) struct Decline;
@@ -27,61 +32,40 @@ pub(super) fn summarize(data: &[u8]) -> Skimmed<Summary<'_>> {
     summarize_from(data, None).map(|(s, _)| s)
 }
 
-/// What the previous event of a stream lets the skimmer skip in the next one: the bytes of its
-/// top-level members before `choices` (vLLM repeats `id`, `object`, `created` and `model`
-/// unchanged in every event of a stream), up to and including the byte where the parse of the
-/// `choices` member began.
-///
-/// An event that starts with exactly these bytes brings the parser to exactly the state it was
-/// in there (the parse reads left to right and never looks past that byte before it), so the
-/// skimmer resumes at that byte: the answer is the one the whole parse gives.
-#[derive(Debug, Default, Clone)]
-pub struct EventMemo {
-    prefix: Vec<u8>,
-}
-
-/// A memo shorter than this saves less than the comparison costs.
-const MIN_MEMO: usize = 16;
-
-/// [`summarize`] for the next event of the stream `memo` belongs to; learns the event's prefix.
-pub(super) fn summarize_memo<'a>(data: &'a [u8], memo: &mut EventMemo) -> Skimmed<Summary<'a>> {
-    let n = memo.prefix.len();
-    if n >= MIN_MEMO && data.len() > n && data[..n] == memo.prefix[..] {
-        return summarize_from(data, Some(n - 1)).map(|(s, _)| s);
-    }
-    let (s, mark) = summarize_from(data, None)?;
-    match mark {
-        Some(m) if m + 1 >= MIN_MEMO => {
-            memo.prefix.clear();
-            memo.prefix.extend_from_slice(&data[..=m]);
-        }
-        _ => memo.prefix.clear(),
-    }
-    Ok(s)
+/// What a parse found besides its answer, for the memo.
+struct Found {
+    /// Where a prefix could end (a whole parse only).
+    mark: Option<usize>,
+    /// The string that carried the output, as (opening quote, just past the closing quote).
+    varying: Option<(usize, usize)>,
 }
 
 /// Parses `data` whole (`resume` `None`) or from the memo's resume point; with the point where a
 /// memo could resume this event, when it has one.
-fn summarize_from(data: &[u8], resume: Option<usize>) -> Skimmed<(Summary<'_>, Option<usize>)> {
+fn summarize_from(data: &[u8], resume: Option<usize>) -> Skimmed<(Summary<'_>, Found)> {
     // UTF-8 is checked where it can occur: outside strings any byte >= 0x80 is not JSON and
     // declines; inside a string the search stops at one and the string is checked whole.
     let mut p = Parser {
         b: data,
         i: resume.unwrap_or(0),
         depth: 0,
+        last_string: (0, 0),
     };
-    let (summary, mark) = p.top(resume.is_some())?;
+    let (summary, found) = p.top(resume.is_some())?;
     p.ws();
     if p.i != data.len() {
         return Err(Decline);
     }
-    Ok((summary, mark))
+    Ok((summary, found))
 }
 
 struct Parser<'a> {
     b: &'a [u8],
     i: usize,
     depth: u32,
+    /// The last string value read whole by [`Parser::value`]: (opening quote, just past the
+    /// closing quote).
+    last_string: (usize, usize),
 }
 
 /// Marks a field as read, declining on the second time (serde rejects duplicate fields).
@@ -207,6 +191,7 @@ impl<'a> Parser<'a> {
         match c {
             b'"' => {
                 self.string()?;
+                self.last_string = (start, self.i);
             }
             b'{' => {
                 self.enter()?;
@@ -324,8 +309,9 @@ impl<'a> Parser<'a> {
     /// object after its first member, no member read so far being one this reads. Returns, for
     /// a whole parse, the memo's resume point: where the `choices` member began when no member
     /// before it is one this reads.
-    fn top(&mut self, resumed: bool) -> Skimmed<(Summary<'a>, Option<usize>)> {
+    fn top(&mut self, resumed: bool) -> Skimmed<(Summary<'a>, Found)> {
         let mut s = Summary::default();
+        let mut varying = None;
         let (mut seen_choices, mut seen_usage) = (false, false);
         let (mut seen_error, mut seen_metrics) = (false, false);
         let mut mark = None;
@@ -349,7 +335,7 @@ impl<'a> Parser<'a> {
                     }
                     first_time(&mut seen_choices)?;
                     if !self.null()? {
-                        self.choices(&mut s)?;
+                        self.choices(&mut s, &mut varying)?;
                     }
                 }
                 b"usage" => {
@@ -376,17 +362,22 @@ impl<'a> Parser<'a> {
             }
         }
         self.depth -= 1;
-        Ok((s, mark))
+        Ok((s, Found { mark, varying }))
     }
 
-    fn choices(&mut self, s: &mut Summary<'a>) -> Skimmed<()> {
+    /// `varying`: the last string in it that carried output, for a template (see [`EventMemo`]).
+    fn choices(
+        &mut self,
+        s: &mut Summary<'a>,
+        varying: &mut Option<(usize, usize)>,
+    ) -> Skimmed<()> {
         if self.peek()? != b'[' {
             return Err(Decline);
         }
         self.enter()?;
         let mut first = true;
         while self.element(&mut first)? {
-            let (content, finish) = self.choice()?;
+            let (content, finish) = self.choice(varying)?;
             s.choices += 1;
             s.content_choices += content as u32;
             if s.finish_reason.is_none() {
@@ -398,7 +389,10 @@ impl<'a> Parser<'a> {
     }
 
     /// One choice: whether it carries output, and its `finish_reason`.
-    fn choice(&mut self) -> Skimmed<(bool, Option<Cow<'a, str>>)> {
+    fn choice(
+        &mut self,
+        varying: &mut Option<(usize, usize)>,
+    ) -> Skimmed<(bool, Option<Cow<'a, str>>)> {
         let (mut seen_delta, mut seen_message, mut seen_text, mut seen_finish) =
             (false, false, false, false);
         let mut content = false;
@@ -414,12 +408,12 @@ impl<'a> Parser<'a> {
                         &mut seen_message
                     })?;
                     if !self.null()? {
-                        content |= self.output()?;
+                        content |= self.output(varying)?;
                     }
                 }
                 b"text" => {
                     first_time(&mut seen_text)?;
-                    content |= carries(self.value()?);
+                    content |= self.carrying_value(varying)?;
                 }
                 b"finish_reason" => {
                     first_time(&mut seen_finish)?;
@@ -445,7 +439,7 @@ impl<'a> Parser<'a> {
     }
 
     /// A `delta` or `message` object: whether any of its output fields carries output.
-    fn output(&mut self) -> Skimmed<bool> {
+    fn output(&mut self, varying: &mut Option<(usize, usize)>) -> Skimmed<bool> {
         let mut seen = [false; 4];
         let mut carried = false;
         self.open_object()?;
@@ -462,9 +456,23 @@ impl<'a> Parser<'a> {
                 }
             };
             first_time(&mut seen[slot])?;
-            carried |= carries(self.value()?);
+            carried |= self.carrying_value(varying)?;
         }
         self.depth -= 1;
+        Ok(carried)
+    }
+
+    /// An output field's value: whether it carries output. When it does, the last non-empty
+    /// string in it becomes `varying`: its bytes change no answer but by being valid and empty.
+    fn carrying_value(&mut self, varying: &mut Option<(usize, usize)>) -> Skimmed<bool> {
+        let start = self.i;
+        let raw = self.value()?;
+        let carried = carries(raw);
+        let (quote, after) = self.last_string;
+        // Past the value's start (so inside it), and more than its two quotes.
+        if carried && quote >= start && after > quote + 2 {
+            *varying = Some(self.last_string);
+        }
         Ok(carried)
     }
 

@@ -148,7 +148,9 @@ pub struct Tracker {
     first_byte: Option<Instant>,
     ttft: Option<Instant>,
     bench_ttft: Option<Instant>,
-    last_output: Option<Instant>,
+    /// The last output event's time, on the Unix clock that observers get (one clock reading
+    /// per event serves both the gap and the observers).
+    last_output_ns: Option<UnixNanos>,
     /// Boxed on the first gap: non-streamed and one-token requests carry none.
     itl: Option<Box<ItlHistogram>>,
     usage_prompt: Option<u64>,
@@ -206,7 +208,7 @@ impl Tracker {
             first_byte: None,
             ttft: None,
             bench_ttft: None,
-            last_output: None,
+            last_output_ns: None,
             itl: None,
             usage_prompt: None,
             usage_completion: None,
@@ -320,6 +322,8 @@ impl Tracker {
         if s.error {
             self.error_event = true;
         }
+        // `now` on the Unix clock, converted once and only for an event that carries output.
+        let mut now_ns = None;
         if streamed {
             if s.choices > 0 && self.bench_ttft.is_none() {
                 self.bench_ttft = Some(now);
@@ -328,11 +332,14 @@ impl Tracker {
                 if self.ttft.is_none() {
                     self.ttft = Some(now);
                 }
-                if let Some(prev) = self.last_output {
-                    let gap = now.saturating_duration_since(prev).as_nanos() as u64;
+                // The same clock's difference: the gap between the two instants, to the ns.
+                let ns = Clock::global().at(now);
+                now_ns = Some(ns);
+                if let Some(prev) = self.last_output_ns {
+                    let gap = ns.saturating_sub(prev);
                     self.itl.get_or_insert_with(Default::default).record(gap);
                 }
-                self.last_output = Some(now);
+                self.last_output_ns = Some(ns);
             }
             if s.end && self.terminal == Terminal::NotYet {
                 self.terminal = Terminal::Read;
@@ -376,7 +383,7 @@ impl Tracker {
             };
             if delta > 0 {
                 self.attributed += delta;
-                let now_ns = Clock::global().at(now);
+                let now_ns = now_ns.unwrap_or_else(|| Clock::global().at(now));
                 for o in &self.shared.observers {
                     o.tokens(self.id, now_ns, delta);
                 }
@@ -407,7 +414,7 @@ impl Tracker {
         self.first_byte = None;
         self.ttft = None;
         self.bench_ttft = None;
-        self.last_output = None;
+        self.last_output_ns = None;
         self.itl = None;
         self.usage_prompt = None;
         self.usage_completion = None;

@@ -363,7 +363,7 @@ fn a_memo_skips_the_repeated_members_and_answers_what_the_whole_parse_answers() 
     let mut resumed = 0;
     let mut memo = EventMemo::default();
     for e in fixture_events() {
-        let before = memo.prefix.clone();
+        let before = memo.prefix().to_vec();
         let got = summarize_memo(e, &mut memo).ok();
         assert_eq!(got, summarize(e).ok(), "{}", String::from_utf8_lossy(e));
         if !before.is_empty() && e.starts_with(&before) {
@@ -376,7 +376,7 @@ fn a_memo_skips_the_repeated_members_and_answers_what_the_whole_parse_answers() 
     let mut memo = EventMemo::default();
     assert!(summarize_memo(first, &mut memo).is_ok());
     assert_eq!(
-        memo.prefix,
+        memo.prefix(),
         br#"{"id":"x-1","object":"chat.completion.chunk","created":17,"model":"m","#.to_vec()
     );
     // The same prefix, then what the whole parse must still check.
@@ -418,5 +418,128 @@ proptest! {
             _ => e.insert(i, byte),
         }
         memo_agrees(learn, &e);
+    }
+}
+
+/// `learn` with its template's string replaced by `body` (None: `learn` has no template).
+fn with_template_body(learn: &[u8], body: &[u8]) -> Option<Vec<u8>> {
+    let mut memo = EventMemo::default();
+    summarize_memo(learn, &mut memo).ok()?;
+    let (quote, after) = memo.template_places()?;
+    let mut e = learn[..=quote].to_vec();
+    e.extend_from_slice(body);
+    e.extend_from_slice(&learn[after - 1..]);
+    Some(e)
+}
+
+fn stream_fixture(name: &str) -> Vec<Vec<u8>> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm")
+        .join(name);
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| d.as_bytes().to_vec())
+        .collect()
+}
+
+#[test]
+fn a_template_answers_the_token_events_of_recorded_streams_as_the_whole_parse_does() {
+    for (name, expected) in [
+        ("02_chat_stream_plain.http", 3),
+        ("03_chat_stream_usage.http", 3),
+        ("09_completions_stream_usage.http", 2),
+        ("agents/c01_chat_stream_tool_named.http", 15),
+    ] {
+        let mut memo = EventMemo::default();
+        let mut hits = 0;
+        for e in stream_fixture(name) {
+            let by_template = memo.template_answer(&e);
+            let got = summarize_memo(&e, &mut memo).ok();
+            assert_eq!(
+                got,
+                summarize(&e).ok(),
+                "{name}: {}",
+                String::from_utf8_lossy(&e)
+            );
+            if let Some(t) = by_template {
+                assert_eq!(Some(t), got);
+                hits += 1;
+            }
+        }
+        // Every token event after the first that learns, but the one with the finish reason.
+        assert_eq!(hits, expected, "{name}: template answers");
+    }
+}
+
+#[test]
+fn a_template_declines_what_its_string_cannot_hide() {
+    let learn = br#"{"id":"x-1","object":"chat.completion.chunk","created":17,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}"#;
+    let mut memo = EventMemo::default();
+    summarize_memo(learn, &mut memo).unwrap();
+    assert!(memo.template_answer(learn).is_some());
+    for body in [
+        &b""[..],
+        b"\\u00e9",
+        b"\\x",
+        b"\xff",
+        b"\x01",
+        b"a\"},\"finish_reason\":\"stop\"}]}",
+        b"a\"},\"finish_reason\":\"stop",
+        b"a\"",
+    ] {
+        let e = with_template_body(learn, body).unwrap();
+        assert!(
+            memo.template_answer(&e).is_none(),
+            "{:?}",
+            String::from_utf8_lossy(&e)
+        );
+        memo_agrees(learn, &e);
+    }
+    for body in [&b"b"[..], b"\\\"", b"\\n\\t", "é€😀".as_bytes(), b"  "] {
+        let e = with_template_body(learn, body).unwrap();
+        assert!(
+            memo.template_answer(&e).is_some(),
+            "{:?}",
+            String::from_utf8_lossy(&e)
+        );
+        memo_agrees(learn, &e);
+    }
+    // A finish reason, a usage, or an empty string: nothing to learn a template from.
+    for e in [
+        &br#"{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}"#[..],
+        br#"{"id":"x","choices":[{"index":0,"delta":{"content":"a"}}],"usage":{"prompt_tokens":1}}"#,
+        br#"{"id":"x","choices":[{"index":0,"delta":{"content":""}}]}"#,
+    ] {
+        let mut memo = EventMemo::default();
+        summarize_memo(e, &mut memo).unwrap();
+        assert!(memo.template_places().is_none(), "{}", String::from_utf8_lossy(e));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    /// After learning from a recorded event, an event that differs from it only between the
+    /// template's quotes, by any bytes, is read as the whole parse reads it.
+    #[test]
+    fn a_template_agrees_with_the_whole_parse_whatever_its_string_holds(
+        pick in any::<prop::sample::Index>(),
+        body in prop::collection::vec(
+            prop_oneof![
+                4 => 0x20u8..0x7f,
+                1 => Just(b'"'),
+                1 => Just(b'\\'),
+                1 => any::<u8>(),
+            ],
+            0..12,
+        ),
+    ) {
+        let events = fixture_events();
+        let learn = &events[pick.index(events.len())];
+        if let Some(e) = with_template_body(learn, &body) {
+            memo_agrees(learn, &e);
+        }
     }
 }
