@@ -5,6 +5,7 @@ mod body;
 mod forward;
 mod headers;
 pub mod identity;
+mod in_flight;
 mod pool;
 pub mod reload;
 pub mod request;
@@ -13,6 +14,7 @@ pub mod serve_cli;
 mod serving;
 pub mod sniff;
 mod state;
+mod token_run;
 mod tracker;
 mod upgrade;
 mod upstream_error;
@@ -41,9 +43,10 @@ use serving::{
 
 pub use body::BoxError;
 pub use headers::strip_hop_by_hop;
+pub use in_flight::InFlight;
 pub use request_id::RequestId;
 pub use state::ProxyState;
-pub use tracker::{InFlight, RequestMeta, Tracker, TrackerShared};
+pub use tracker::{RequestMeta, Tracker, TrackerShared};
 
 use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
 use crate::clock::{Clock, TimeSource};
@@ -344,7 +347,9 @@ pub async fn spawn_with_time(
         observers,
         Duration::from_secs(config.meter.cold_start_idle_s),
     )
-    .with_time_source(time);
+    .with_time_source(time)
+    // An extra guard closes at a time no event marks: then every event is reported alone.
+    .with_token_coalescing(config.meter.capacity_guard_extra_ms == 0);
     trackers.per_upstream = upstream_meters
         .iter()
         .map(|m| Arc::new(m.clone()) as Arc<dyn Observer>)

@@ -12,51 +12,12 @@ use crate::fleet::Load;
 use crate::itl::ItlHistogram;
 use crate::observe::Observer;
 use crate::openai::ServerTimings;
+use crate::proxy::in_flight::InFlight;
 use crate::proxy::request_id::RequestId;
+use crate::proxy::token_run::{LevelChanges, TokenRun};
 use crate::record::{
     DerivedRates, Outcome, RequestRecord, TokensSource, UserSource, RECORD_SCHEMA,
 };
-
-/// Generation requests in flight, and whether the next arrival follows an idle gap (cold start).
-#[derive(Debug)]
-pub struct InFlight {
-    count: AtomicU64,
-    /// When the count last dropped to zero; 0 before any request.
-    idle_since: AtomicU64,
-    cold_after: u64,
-}
-
-impl InFlight {
-    /// A tracker that calls an arrival cold after `cold_start_idle` without traffic.
-    pub fn new(cold_start_idle: Duration) -> Self {
-        InFlight {
-            count: AtomicU64::new(0),
-            idle_since: AtomicU64::new(0),
-            cold_after: cold_start_idle.as_nanos() as u64,
-        }
-    }
-
-    /// Requests in flight now.
-    pub fn current(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    /// Counts an arrival: (requests in flight including it, whether it is a cold start).
-    fn arrive(&self, now: UnixNanos) -> (u32, bool) {
-        let before = self.count.fetch_add(1, Ordering::AcqRel);
-        let cold = before == 0 && {
-            let idle = self.idle_since.load(Ordering::Acquire);
-            idle == 0 || now.saturating_sub(idle) > self.cold_after
-        };
-        ((before + 1).min(u32::MAX as u64) as u32, cold)
-    }
-
-    fn depart(&self, now: UnixNanos) {
-        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.idle_since.store(now.max(1), Ordering::Release);
-        }
-    }
-}
 
 /// What is shared by all requests of one proxy.
 pub struct TrackerShared {
@@ -71,6 +32,8 @@ pub struct TrackerShared {
     id_prefix: u32,
     /// Where measurements read the time (the real clock outside tests).
     time: TimeSource,
+    /// What token reports are coalesced against.
+    level_changes: LevelChanges,
 }
 
 impl TrackerShared {
@@ -84,7 +47,16 @@ impl TrackerShared {
             next_id: AtomicU64::new(1),
             id_prefix,
             time: TimeSource::real(),
+            level_changes: LevelChanges::default(),
         }
+    }
+
+    /// Token reports coalesced per request and second (on by default) or made per event; see
+    /// the module `proxy::token_run` for when coalescing changes nothing.
+    #[must_use]
+    pub fn with_token_coalescing(mut self, on: bool) -> Self {
+        self.level_changes = LevelChanges::new(on);
+        self
     }
 
     /// The same, measuring on `time` (tests pass a manual clock).
@@ -153,6 +125,10 @@ pub struct Tracker {
     last_output_ns: Option<UnixNanos>,
     /// Boxed on the first gap: non-streamed and one-token requests carry none.
     itl: Option<Box<ItlHistogram>>,
+    /// Announced, and no token reported yet.
+    waiting: bool,
+    /// Tokens passed and not reported yet.
+    run: TokenRun,
     usage_prompt: Option<u64>,
     usage_completion: Option<u64>,
     usage_cached: Option<u64>,
@@ -210,6 +186,8 @@ impl Tracker {
             bench_ttft: None,
             last_output_ns: None,
             itl: None,
+            waiting: false,
+            run: TokenRun::default(),
             usage_prompt: None,
             usage_completion: None,
             usage_cached: None,
@@ -248,6 +226,7 @@ impl Tracker {
             return;
         };
         self.upstream_announced = true;
+        self.shared.level_changes.change();
         o.started(
             self.id,
             Clock::global().at(now),
@@ -276,6 +255,8 @@ impl Tracker {
     pub fn admit(&mut self) {
         if self.metered && !self.announced {
             self.announced = true;
+            self.waiting = true;
+            self.shared.level_changes.arrival();
             for o in &self.shared.observers {
                 o.started(
                     self.id,
@@ -384,13 +365,35 @@ impl Tracker {
             if delta > 0 {
                 self.attributed += delta;
                 let now_ns = now_ns.unwrap_or_else(|| Clock::global().at(now));
-                for o in &self.shared.observers {
-                    o.tokens(self.id, now_ns, delta);
-                }
-                if let Some(o) = self.upstream_observer() {
-                    o.tokens(self.id, now_ns, delta);
+                let changes = &self.shared.level_changes;
+                if std::mem::take(&mut self.waiting) {
+                    // The first token closes the request's guard: reported at once.
+                    changes.no_longer_waiting();
+                    self.run.reported_alone(changes);
+                    self.report_tokens((now_ns, delta));
+                } else {
+                    for r in self.run.add(changes, now_ns, delta).into_iter().flatten() {
+                        self.report_tokens(r);
+                    }
                 }
             }
+        }
+    }
+
+    /// Tells the observers of `tokens` passed by `now_ns`.
+    fn report_tokens(&self, (now_ns, tokens): (UnixNanos, u64)) {
+        for o in &self.shared.observers {
+            o.tokens(self.id, now_ns, tokens);
+        }
+        if let Some(o) = self.upstream_observer() {
+            o.tokens(self.id, now_ns, tokens);
+        }
+    }
+
+    /// Reports the tokens not reported yet.
+    fn report_pending(&mut self) {
+        if let Some(r) = self.run.take() {
+            self.report_tokens(r);
         }
     }
 
@@ -409,6 +412,7 @@ impl Tracker {
     /// wrote it: what was measured on the abandoned stream no longer describes the answer.
     /// Tokens already reported to observers stay reported (vLLM generated them).
     pub fn restart_for_fallback(&mut self, why: &'static str) {
+        self.report_pending();
         self.ttft_fallback = Some(why);
         self.ttft_source = None;
         self.first_byte = None;
@@ -458,6 +462,15 @@ impl Tracker {
         let now_ns = Clock::global().at(now);
         if self.metered {
             self.shared.in_flight.depart(now_ns);
+        }
+        self.report_pending();
+        if self.announced {
+            let changes = &self.shared.level_changes;
+            if std::mem::take(&mut self.waiting) {
+                changes.no_longer_waiting();
+            } else {
+                changes.change();
+            }
         }
         let outcome = match outcome {
             Outcome::Ok if self.error_event || self.status.is_some_and(|s| s >= 400) => {
