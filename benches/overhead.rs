@@ -46,6 +46,10 @@ pub struct Opts {
     pub cpu_gap_ms: f64,
     /// Requests per CPU run.
     pub cpu_requests: usize,
+    /// The CPU phase's events carry the latency phase's send stamps (`--cpu-stamped`; the method
+    /// before 2026-12-03): then no two events of a stream have the same bytes around their
+    /// token, which vLLM's do.
+    pub cpu_stamped: bool,
     /// CPU repetitions per arm.
     pub cpu_reps: usize,
     /// Ramp steps (concurrent streams).
@@ -63,6 +67,7 @@ pub struct Opts {
 const HELP: &str =
     "options: --quick | --ttft-rounds 2000,200,30 | --rounds 100,40,12 | --concurrency 1,16,256 | --events 8 | --gap-ms 10
   --cpu-gap-ms 10 (CPU phase pace; default --gap-ms) | --cpu-requests 128 | --cpu-reps 7 | --ramp 1000,4000,10000 | --phases latency,cpu,ramp
+  --cpu-stamped (the CPU phase's events carry send stamps as the latency phase's do; the default, unstamped, is vLLM's shape)
   --bin PATH | --bin-before PATH (an earlier build, arms tokenmeter_before[_nometer]) | --nginx PATH|none | --nginx-workers 1|auto | --out DIR | --tm-env KEY=VALUE
   --shape completions|chat-bearer | --ttft-rounds 0 (TTFT from the event rounds)
   --issue19: issue 19's latency method (1 stream, 200 rounds of 16 events 2 ms apart, chat-bearer,
@@ -102,6 +107,7 @@ fn parse_opts() -> anyhow::Result<Opts> {
         events: 8,
         gap_ms: 10.0,
         cpu_gap_ms: f64::NAN,
+        cpu_stamped: false,
         cpu_requests: 128,
         cpu_reps: 7,
         ramp: vec![1000, 4000, 10000],
@@ -141,6 +147,7 @@ fn parse_opts() -> anyhow::Result<Opts> {
             "--events" => o.events = val()?.parse()?,
             "--gap-ms" => o.gap_ms = val()?.parse()?,
             "--cpu-gap-ms" => o.cpu_gap_ms = val()?.parse()?,
+            "--cpu-stamped" => o.cpu_stamped = true,
             "--cpu-requests" => o.cpu_requests = val()?.parse()?,
             "--cpu-reps" => o.cpu_reps = val()?.parse()?,
             "--ramp" => o.ramp = list(&val()?)?,
@@ -222,30 +229,31 @@ fn main() -> anyhow::Result<()> {
     let load_before = support::loadavg();
     let mut res = serde_json::Map::new();
     let has = |p: &str| o.phases.iter().any(|x| x == p);
-    let start_env = |gap_ms: f64| {
+    let start_env = |gap_ms: f64, stamp_events: bool| {
         procs::Env::start(&procs::EnvSpec {
             bin: &o.bin,
             bin_before: o.bin_before.as_deref(),
             nginx: o.nginx.as_deref(),
             nginx_workers: &o.nginx_workers,
             gap_ms,
+            stamp_events,
             dir: &dir,
             tm_env: &o.tm_env,
         })
     };
     let mut env = None;
     if has("latency") {
-        let e = env.insert(start_env(o.gap_ms)?);
+        let e = env.insert(start_env(o.gap_ms, true)?);
         res.insert(
             "latency".into(),
             rt.block_on(phases::latency(e, &o, &mut rng)),
         );
     }
     if has("cpu") {
-        // Fresh processes when the CPU phase runs at its own pace.
-        if env.is_none() || o.cpu_gap_ms != o.gap_ms {
+        // Fresh processes when the CPU phase runs at its own pace or on unstamped events.
+        if env.is_none() || o.cpu_gap_ms != o.gap_ms || !o.cpu_stamped {
             drop(env.take());
-            env = Some(start_env(o.cpu_gap_ms)?);
+            env = Some(start_env(o.cpu_gap_ms, o.cpu_stamped)?);
         }
         if let Some(e) = &env {
             res.insert("cpu".into(), rt.block_on(phases::cpu(e, &o, &mut rng)));
@@ -254,14 +262,14 @@ fn main() -> anyhow::Result<()> {
     drop(env);
     if has("ramp") {
         // A slow pace (1 event/s per stream) so 10,000 open streams are an idle-connection test.
-        let env = start_env(1000.0)?;
+        let env = start_env(1000.0, true)?;
         res.insert("ramp".into(), rt.block_on(phases::ramp(&env, &o)));
     }
     let meta = serde_json::json!({
         "date_utc": report::now_utc(), "nproc": std::thread::available_parallelism().map(std::num::NonZero::get).unwrap_or(0),
         "loadavg_before": load_before, "loadavg_after": support::loadavg(), "seconds": started.elapsed().as_secs_f64(),
         "nginx_workers": o.nginx.as_ref().map(|_| o.nginx_workers.clone()), "events_per_request": o.events,
-        "gap_ms": o.gap_ms, "cpu_gap_ms": o.cpu_gap_ms, "nofile_limit": nofile, "ramp_steps": o.ramp, "concurrency": o.concurrency, "rounds": o.rounds, "ttft_rounds": o.ttft_rounds, "tm_env": o.tm_env,
+        "gap_ms": o.gap_ms, "cpu_gap_ms": o.cpu_gap_ms, "cpu_events_stamped": o.cpu_stamped, "nofile_limit": nofile, "ramp_steps": o.ramp, "concurrency": o.concurrency, "rounds": o.rounds, "ttft_rounds": o.ttft_rounds, "tm_env": o.tm_env,
         "shape": o.shape.name(), "git_head": git_head(), "bin": o.bin, "bin_before": o.bin_before,
     });
     res.insert("meta".into(), meta);

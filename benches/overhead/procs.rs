@@ -64,6 +64,10 @@ pub struct EnvSpec<'a> {
     pub nginx_workers: &'a str,
     /// Simulator gap between events, ms.
     pub gap_ms: f64,
+    /// The simulator stamps every event with its send time (`tm_sent_ns`, for the latency
+    /// phase). Unstamped events are shaped as vLLM's are: a stream's events differ only in
+    /// their tokens.
+    pub stamp_events: bool,
     /// Scratch directory for configs and logs.
     pub dir: &'a Path,
     /// Extra environment for both tokenmeter instances (e.g. `TOKIO_WORKER_THREADS=1`).
@@ -158,13 +162,8 @@ impl Env {
                 "--fixed-ttft-ms",
                 "0",
             ])
-            .args([
-                "--fixed-gap-ms",
-                &gap,
-                "--stamp-events",
-                "--max-num-seqs",
-                "100000",
-            ])
+            .args(["--fixed-gap-ms", &gap, "--max-num-seqs", "100000"])
+            .args(spec.stamp_events.then_some("--stamp-events"))
             .stdout(Stdio::null())
             .stderr(log_file(spec.dir, "sim.log")?)
             .spawn()?;

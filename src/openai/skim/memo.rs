@@ -24,7 +24,14 @@ pub struct EventMemo {
     /// `learned[..prefix]` is the prefix (0: none).
     prefix: usize,
     template: Option<Template>,
+    /// Template misses in a row. A stream whose events differ outside their token too (a
+    /// per-event `logprobs`, a send stamp) would copy every event for nothing: after
+    /// [`MAX_TEMPLATE_MISSES`] it learns no more templates.
+    misses: u8,
 }
+
+/// Template misses in a row after which a stream's memo stops learning templates.
+const MAX_TEMPLATE_MISSES: u8 = 3;
 
 /// The template of [`EventMemo`], as places in its `learned` event.
 #[derive(Debug, Clone, Copy)]
@@ -93,12 +100,14 @@ impl EventMemo {
             None => skimmed.mark.map_or(0, |m| m + 1),
         };
         let template = match skimmed.varying {
-            Some((quote, after)) if learnable(s) => Some(Template {
-                quote,
-                after,
-                choices: s.choices,
-                content_choices: s.content_choices,
-            }),
+            Some((quote, after)) if learnable(s) && self.misses < MAX_TEMPLATE_MISSES => {
+                Some(Template {
+                    quote,
+                    after,
+                    choices: s.choices,
+                    content_choices: s.content_choices,
+                })
+            }
             _ => None,
         };
         if template.is_none() && keep_prefix.is_some() {
@@ -124,8 +133,15 @@ pub(in crate::openai) fn summarize_memo<'a>(
     data: &'a [u8],
     memo: &mut EventMemo,
 ) -> Skimmed<Summary<'a>> {
-    if let Some(s) = memo.template_answer(data) {
-        return Ok(s);
+    if memo.template.is_some() {
+        if let Some(s) = memo.template_answer(data) {
+            memo.misses = 0;
+            return Ok(s);
+        }
+        memo.misses = memo.misses.saturating_add(1);
+        if memo.misses >= MAX_TEMPLATE_MISSES {
+            memo.template = None;
+        }
     }
     let n = memo.prefix;
     if n >= MIN_MEMO && data.len() > n && data[..n] == memo.learned[..n] {

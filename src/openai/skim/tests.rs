@@ -538,3 +538,22 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_stream_whose_events_differ_outside_their_token_stops_learning_templates() {
+    let event = |i: u32| {
+        format!(
+            r#"{{"id":"x-1","object":"chat.completion.chunk","created":17,"model":"m","choices":[{{"index":0,"delta":{{"content":"t{i}"}},"finish_reason":null}}],"stamp":{i}}}"#
+        )
+    };
+    let mut memo = EventMemo::default();
+    for i in 0..10 {
+        let e = event(i);
+        let got = summarize_memo(e.as_bytes(), &mut memo).ok();
+        assert_eq!(got, summarize(e.as_bytes()).ok());
+        // Learned from the first event, then three misses in a row.
+        assert_eq!(memo.template_places().is_some(), i < 3, "event {i}");
+    }
+    // The prefix is still used.
+    assert!(!memo.prefix().is_empty());
+}
