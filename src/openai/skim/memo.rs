@@ -128,7 +128,8 @@ impl EventMemo {
 /// A memo shorter than this saves less than the comparison costs.
 const MIN_MEMO: usize = 16;
 
-/// [`summarize`] for the next event of the stream `memo` belongs to; learns from the event.
+/// [`summarize`](super::summarize) for the next event of the stream `memo` belongs to; learns
+/// from the event.
 pub(in crate::openai) fn summarize_memo<'a>(
     data: &'a [u8],
     memo: &mut EventMemo,
