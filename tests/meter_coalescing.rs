@@ -6,6 +6,8 @@
 // Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
+mod meter_support;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +20,10 @@ use tokenmeter::meter::{MeterConfig, MeterHandle, SnapshotQuery};
 use tokenmeter::observe::Observer;
 use tokenmeter::proxy::{RequestMeta, Tracker, TrackerShared};
 use tokenmeter::record::{Outcome, RequestRecord, UserSource};
+
+// Numbers are held to 1e-9: the level attribution adds one run's tokens once where per event it
+// adds them one event at a time, so a float sum may differ in its last bits.
+use meter_support::close;
 
 /// Counts token reports.
 #[derive(Default)]
@@ -127,7 +133,8 @@ fn run(
         )
         .with_token_coalescing(coalesce),
     );
-    let mut trackers: Vec<Option<Tracker>> = (0..24).map(|_| None).collect();
+    let requests = script.iter().map(|s| s.1 + 1).max().unwrap_or(0);
+    let mut trackers: Vec<Option<Tracker>> = (0..requests).map(|_| None).collect();
     for &(at, r, step) in script {
         let now = base + at;
         match step {
@@ -169,13 +176,7 @@ fn run(
     (meter, reports)
 }
 
-/// Numbers within 1e-9 of each other (relative): the level attribution adds one run's tokens
-/// once where per event it adds them one event at a time, so a float sum may differ in its last
-/// bits. Everything else equal.
-fn close(x: f64, y: f64) -> bool {
-    (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0)
-}
-
+/// The same JSON, numbers `close`.
 fn same(a: &serde_json::Value, b: &serde_json::Value, at: &str) {
     use serde_json::Value;
     match (a, b) {
@@ -203,7 +204,7 @@ fn same(a: &serde_json::Value, b: &serde_json::Value, at: &str) {
     }
 }
 
-/// Prometheus text: the same lines, their values [`close`].
+/// Prometheus text: the same lines, their values `close`.
 fn same_text(a: &str, b: &str) {
     let (a, b): (Vec<_>, Vec<_>) = (a.lines().collect(), b.lines().collect());
     assert_eq!(a.len(), b.len());

@@ -32,20 +32,24 @@ fn read_fixture_events() -> Vec<Vec<u8>> {
     let mut events = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
-        if !path.is_file() {
-            continue;
-        }
-        let raw = std::fs::read(path).unwrap();
-        let text = String::from_utf8_lossy(&raw);
-        for line in text.lines() {
-            if let Some(data) = line.strip_prefix("data: ") {
-                events.push(data.as_bytes().to_vec());
-            } else if line.starts_with('{') {
-                events.push(line.as_bytes().to_vec());
-            }
+        if path.is_file() {
+            events.extend(file_events(&path));
         }
     }
     events
+}
+
+/// The events of one recorded exchange: its `data:` values and its JSON body lines.
+fn file_events(path: &std::path::Path) -> Vec<Vec<u8>> {
+    let raw = std::fs::read(path).unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    text.lines()
+        .filter_map(|line| match line.strip_prefix("data: ") {
+            Some(data) => Some(data),
+            None => line.starts_with('{').then_some(line),
+        })
+        .map(|e| e.as_bytes().to_vec())
+        .collect()
 }
 
 #[test]
@@ -432,16 +436,12 @@ fn with_template_body(learn: &[u8], body: &[u8]) -> Option<Vec<u8>> {
     Some(e)
 }
 
+/// The events of one recorded stream but its `[DONE]`.
 fn stream_fixture(name: &str) -> Vec<Vec<u8>> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/vllm")
-        .join(name);
-    let text = std::fs::read_to_string(path).unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| d.as_bytes().to_vec())
-        .collect()
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm");
+    let mut events = file_events(&dir.join(name));
+    events.retain(|e| e.as_slice() != b"[DONE]");
+    events
 }
 
 #[test]
