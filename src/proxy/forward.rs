@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
 use crate::clock::Clock;
@@ -285,7 +285,7 @@ async fn forward(
                 "invalid path",
             );
         };
-        let mut up = Request::new(Full::new(upstream_body.clone()));
+        let mut up = Request::new(upstream_body.clone());
         *up.method_mut() = parts.method.clone();
         last_target = Some((uri.clone(), l.upstream.host.clone(), index));
         *up.uri_mut() = uri;
@@ -366,7 +366,7 @@ async fn forward(
                 upgrade::Collected::Fallback(why) => {
                     // The stream was dropped (vLLM aborts it); ask again as the client asked.
                     tracker.restart_for_fallback(why);
-                    let mut again = Request::new(Full::new(body.clone()));
+                    let mut again = Request::new(body.clone());
                     *again.method_mut() = method;
                     *again.uri_mut() = uri;
                     *again.headers_mut() = headers;
@@ -455,7 +455,7 @@ fn failed_attempt(
 /// `upstream_headers_ms`.
 async fn send(
     state: &ProxyState,
-    up: Request<Full<Bytes>>,
+    up: Request<Bytes>,
     index: usize,
 ) -> Result<Response<PooledBody>, (ProxyError, Outcome, &'static str)> {
     let headers_timeout =

@@ -18,6 +18,7 @@ mod token_run;
 mod tracker;
 mod upgrade;
 mod upstream_error;
+mod upstream_h1;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
