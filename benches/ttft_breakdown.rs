@@ -18,8 +18,9 @@
 //!    listener the kernel picked).
 //! 3. **The upstream round trip**: request sent -> first body frame through hyper-util's pooled
 //!    client (how the proxy sent before `proxy/pool.rs`) against hyper's own `client::conn` handle
-//!    on one kept connection (what that pool keeps), same runtime, same raw upstream: what
-//!    hyper-util's pool added per request.
+//!    on one kept connection (what that pool kept until `proxy/upstream_h1.rs` replaced it), same
+//!    runtime, same raw upstream: what hyper-util's pool added per request. The proxy's own
+//!    connection is crate-private; part 2 times it inside the real proxy.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -535,7 +536,7 @@ fn main() {
     println!("\n## Upstream round trip, request sent -> first frame (median ns over {n})\n");
     println!("| client | ns |\n|---|---|");
     println!("| hyper-util's pooled client (the proxy's before proxy/pool.rs) | {pooled:.0} |");
-    println!("| hyper client::conn on one kept connection (what proxy/pool.rs keeps) | {own:.0} |");
+    println!("| hyper client::conn on one kept connection (what proxy/pool.rs kept before upstream_h1) | {own:.0} |");
     println!(
         "| difference (the pool's checkout and return) | {:.0} |",
         pooled - own

@@ -189,8 +189,9 @@ where
     ) -> Poll<Result<Option<Frame<Bytes>>, H1Error>> {
         match step {
             Chunk::Size => {
-                let line = ready!(self.poll_line(MAX_CHUNK_LINE, cx))?;
-                let size = chunk_size(&line)?;
+                let (end, used) = ready!(self.poll_line(MAX_CHUNK_LINE, cx))?;
+                let size = chunk_size(&self.buf[..end])?;
+                self.buf.advance(used);
                 *framing = Framing::Chunked(if size == 0 {
                     Chunk::Trailers
                 } else {
@@ -212,9 +213,17 @@ where
                 Poll::Ready(Ok(Some(Frame::data(data))))
             }
             Chunk::DataEnd => {
-                let line = ready!(self.poll_line(2, cx))?;
-                if !line.is_empty() {
-                    return Poll::Ready(Err(H1Error::Invalid("chunk data longer than its size")));
+                // Most often the CRLF came with the data: no line search.
+                if self.buf.starts_with(b"\r\n") {
+                    self.buf.advance(2);
+                } else {
+                    let (end, used) = ready!(self.poll_line(2, cx))?;
+                    if end != 0 {
+                        return Poll::Ready(Err(H1Error::Invalid(
+                            "chunk data longer than its size",
+                        )));
+                    }
+                    self.buf.advance(used);
                 }
                 *framing = Framing::Chunked(Chunk::Size);
                 Poll::Ready(Ok(None))
@@ -256,16 +265,24 @@ where
         }
     }
 
-    /// One line up to its LF, without the line ending; refused past `max` bytes.
-    fn poll_line(&mut self, max: usize, cx: &mut Context<'_>) -> Poll<Result<Bytes, H1Error>> {
+    /// Waits for a whole line at the start of the buffer; its length without the line ending,
+    /// and with it. Refused past `max` bytes. The caller reads the line in place and advances
+    /// past it: no slice of the buffer is made for it.
+    fn poll_line(
+        &mut self,
+        max: usize,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(usize, usize), H1Error>> {
         loop {
-            if let Some(lf) = memchr::memchr(b'\n', &self.buf) {
-                let mut line = self.buf.split_to(lf + 1);
-                line.truncate(lf);
-                if line.last() == Some(&b'\r') {
-                    line.truncate(lf - 1);
-                }
-                return Poll::Ready(Ok(line.freeze()));
+            // A chunk-size line is a few bytes: a plain search beats memchr's set-up.
+            let window = &self.buf[..self.buf.len().min(max + 1)];
+            if let Some(lf) = window.iter().position(|&b| b == b'\n') {
+                let end = if lf > 0 && self.buf[lf - 1] == b'\r' {
+                    lf - 1
+                } else {
+                    lf
+                };
+                return Poll::Ready(Ok((end, lf + 1)));
             }
             if self.buf.len() > max {
                 return Poll::Ready(Err(H1Error::Invalid("chunk-size line too long")));
