@@ -28,10 +28,15 @@ const MAX_HEADERS: usize = 128;
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Longest chunk-size line, extensions included.
 const MAX_CHUNK_LINE: usize = 4096;
-/// A read is made with at least this much room; below it the buffer grows by [`READ_STEP`].
+/// A read is made with at least this much room; below it the buffer grows by the read step.
 const MIN_READ: usize = 1024;
-/// What the buffer grows by. One SSE event of vLLM's is a few hundred bytes: a page holds many.
+/// What the buffer first grows by. One SSE event of vLLM's is a few hundred bytes: a page holds
+/// many, and a stream's reads never fill it.
 const READ_STEP: usize = 4096;
+/// The largest read step. A read that fills a whole step doubles the step up to this, so a
+/// large body (embeddings, a long non-streamed answer) is read in a few system calls, as hyper's
+/// adaptive reads do; small reads halve it again.
+const MAX_READ_STEP: usize = 64 * 1024;
 
 /// Why a response could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +95,8 @@ pub struct Head {
 pub struct H1Conn<T> {
     io: TokioIo<T>,
     buf: BytesMut,
+    /// What the buffer grows by when it has less than [`MIN_READ`] free.
+    read_step: usize,
 }
 
 impl<T> H1Conn<T>
@@ -101,6 +108,7 @@ where
         H1Conn {
             io: TokioIo::new(io),
             buf: BytesMut::new(),
+            read_step: READ_STEP,
         }
     }
 
@@ -302,9 +310,29 @@ where
     /// Reads what the socket has into the buffer; how many bytes (0 at the end of the stream).
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.buf.capacity() - self.buf.len() < MIN_READ {
-            self.buf.reserve(READ_STEP);
+            self.buf.reserve(self.read_step);
         }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+        let room = self.buf.capacity() - self.buf.len();
+        let n = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut self.io),
+            cx,
+            &mut self.buf
+        ))?;
+        // A full read of a whole step: the upstream sends faster than a step reads. A read of
+        // under a quarter step (a stream's events): back towards the first step, so a burst
+        // does not leave a stream's later reads large.
+        if n == room && room >= self.read_step && self.read_step < MAX_READ_STEP {
+            self.read_step *= 2;
+        } else if n < self.read_step / 4 && self.read_step > READ_STEP {
+            self.read_step /= 2;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// What the buffer grows by now (for the tests).
+    #[cfg(test)]
+    fn read_step(&self) -> usize {
+        self.read_step
     }
 
     /// For a connection between requests: whether it is still open. Reading registers `cx` to be

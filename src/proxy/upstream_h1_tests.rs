@@ -129,6 +129,26 @@ async fn a_chunked_body_read_one_byte_at_a_time_is_the_same() {
 }
 
 #[tokio::test]
+async fn a_large_body_is_read_whole_in_growing_reads() {
+    const LEN: usize = 1 << 20;
+    let mut wire = format!("HTTP/1.1 200 OK\r\ncontent-length: {LEN}\r\n\r\n").into_bytes();
+    wire.extend((0..LEN).map(|i| (i % 251) as u8));
+    let mut c = conn_to(wire.leak(), false).await;
+    assert_eq!(c.read_step(), 4096);
+    let mut head = c.read_head(&Method::GET).await.unwrap();
+    let (data, _) = read_body(&mut c, &mut head.framing).await.unwrap();
+    assert_eq!(data.len(), LEN);
+    assert!(data.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    // The sender outpaces single reads: some read filled its room, and the step grew.
+    assert!(
+        c.read_step() > 4096,
+        "read step stayed at {}",
+        c.read_step()
+    );
+    assert!(head.reusable && c.is_clean());
+}
+
+#[tokio::test]
 async fn keep_alive_follows_the_version_and_the_connection_header() {
     for (wire, reusable) in [
         (
