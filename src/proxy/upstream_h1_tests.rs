@@ -9,7 +9,7 @@ use http::{HeaderMap, Method, Request, StatusCode, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{encode_head, Chunk, Framing, H1Conn, H1Error, Head};
+use super::{encode_head, Chunk, Framing, H1Conn, H1Error, Head, READ_STEP};
 
 type Conn = H1Conn<hyper_util::rt::TokioIo<TcpStream>>;
 
@@ -134,14 +134,14 @@ async fn a_large_body_is_read_whole_in_growing_reads() {
     let mut wire = format!("HTTP/1.1 200 OK\r\ncontent-length: {LEN}\r\n\r\n").into_bytes();
     wire.extend((0..LEN).map(|i| (i % 251) as u8));
     let mut c = conn_to(wire.leak(), false).await;
-    assert_eq!(c.read_step(), 4096);
+    assert_eq!(c.read_step(), READ_STEP);
     let mut head = c.read_head(&Method::GET).await.unwrap();
     let (data, _) = read_body(&mut c, &mut head.framing).await.unwrap();
     assert_eq!(data.len(), LEN);
     assert!(data.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
     // The sender outpaces single reads: some read filled its room, and the step grew.
     assert!(
-        c.read_step() > 4096,
+        c.read_step() > READ_STEP,
         "read step stayed at {}",
         c.read_step()
     );
