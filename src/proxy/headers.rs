@@ -12,14 +12,24 @@ const HOP_BY_HOP: [HeaderName; 6] = [
     HeaderName::from_static("keep-alive"),
 ];
 
-/// Removes hop-by-hop headers: the fixed set, every `Proxy-*` header, and those `Connection` names.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
+/// The elements of a comma-separated list header (RFC 9110 §5.6.1), trimmed, over all of its
+/// fields in order; a field that is not visible ASCII gives none.
+pub(crate) fn list_elements<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+) -> impl DoubleEndedIterator<Item = &'a str> + 'a {
+    headers
+        .get_all(name)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .map(str::trim)
+}
+
+/// Removes hop-by-hop headers: the fixed set, every `Proxy-*` header, and those `Connection` names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = list_elements(headers, &header::CONNECTION)
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect();
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);

@@ -22,6 +22,8 @@ use http_body::Frame;
 use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 
+use super::headers::list_elements;
+
 /// Most header fields a response head (or a trailer section) may have, as hyper allows.
 const MAX_HEADERS: usize = 128;
 /// Longest response head (or chunk-size line plus trailers) read before it is refused.
@@ -160,11 +162,7 @@ where
             match *framing {
                 Framing::Done => return Poll::Ready(None),
                 Framing::Length(left) => {
-                    if self.buf.is_empty() && ready!(self.poll_fill(cx))? == 0 {
-                        return Poll::Ready(Some(Err(H1Error::Incomplete)));
-                    }
-                    let data = self.take(left);
-                    let left = left - data.len() as u64;
+                    let (data, left) = ready!(self.poll_data(left, cx))?;
                     *framing = if left == 0 {
                         Framing::Done
                     } else {
@@ -209,11 +207,7 @@ where
                 Poll::Ready(Ok(None))
             }
             Chunk::Data(left) => {
-                if self.buf.is_empty() && ready!(self.poll_fill(cx))? == 0 {
-                    return Poll::Ready(Err(H1Error::Incomplete));
-                }
-                let data = self.take(left);
-                let left = left - data.len() as u64;
+                let (data, left) = ready!(self.poll_data(left, cx))?;
                 *framing = Framing::Chunked(if left == 0 {
                     Chunk::DataEnd
                 } else {
@@ -304,10 +298,19 @@ where
         }
     }
 
-    /// Up to `left` bytes of what has been read, as one frame that shares the buffer.
-    fn take(&mut self, left: u64) -> Bytes {
+    /// Up to `left` bytes of a body whose end is that far, as one frame that shares the buffer
+    /// (read first if the buffer is empty), and how many are left after it.
+    fn poll_data(
+        &mut self,
+        left: u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(Bytes, u64), H1Error>> {
+        if self.buf.is_empty() && ready!(self.poll_fill(cx))? == 0 {
+            return Poll::Ready(Err(H1Error::Incomplete));
+        }
         let n = usize::try_from(left).map_or(self.buf.len(), |l| l.min(self.buf.len()));
-        self.buf.split_to(n).freeze()
+        let data = self.buf.split_to(n).freeze();
+        Poll::Ready(Ok((data, left - n as u64)))
     }
 
     /// Reads what the socket has into the buffer; how many bytes (0 at the end of the stream).
@@ -409,9 +412,9 @@ fn frame_head(response: Response<()>, method: &Method) -> Result<Head, H1Error> 
     let headers = response.headers();
     let status = response.status();
     let keep_alive = if response.version() == Version::HTTP_10 {
-        has_token(headers, header::CONNECTION, "keep-alive")
+        has_token(headers, &header::CONNECTION, "keep-alive")
     } else {
-        !has_token(headers, header::CONNECTION, "close")
+        !has_token(headers, &header::CONNECTION, "close")
     };
     let (framing, reusable) = if status == StatusCode::SWITCHING_PROTOCOLS {
         (Framing::Done, false)
@@ -463,23 +466,14 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, ()> {
 
 /// Whether the last transfer coding named is `chunked`.
 fn last_coding_is_chunked(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
+    list_elements(headers, &header::TRANSFER_ENCODING)
         .next_back()
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.rsplit(',').next())
-        .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"))
+        .is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
 }
 
 /// Whether a comma-separated header lists `token` (case-insensitive).
-fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
+fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
+    list_elements(headers, name).any(|t| t.eq_ignore_ascii_case(token))
 }
 
 /// The size of a chunk from its size line (`hex[;extensions]`).
