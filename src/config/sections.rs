@@ -47,7 +47,9 @@ pub struct Timeouts {
     pub upstream_headers_ms: u64,
     /// Longest silence between two response body frames (the response is cut after it).
     pub body_idle_ms: u64,
-    /// How long an idle pooled upstream connection is kept.
+    /// How long an idle pooled upstream connection is kept. Below the upstream's own keep-alive
+    /// (vLLM's HTTP server closes idle connections after 5 s), so the proxy never sends a
+    /// request on a connection the upstream is closing at that moment, which would fail it.
     pub pool_idle_ms: u64,
 }
 
@@ -59,7 +61,7 @@ impl Default for Timeouts {
             request_body_ms: 300_000,
             upstream_headers_ms: 3_600_000,
             body_idle_ms: 900_000,
-            pool_idle_ms: 90_000,
+            pool_idle_ms: 4_000,
         }
     }
 }

@@ -46,6 +46,9 @@ pub struct Upstream {
     pub url: String,
     /// `http[s]://host:port[/base]`, no trailing slash.
     pub base: String,
+    /// Where requests to this replica go, in parts: a client's request target only ever adds a
+    /// path and query below it.
+    pub target: UpstreamTarget,
     /// Its authority, sent as `Host`.
     pub host: HeaderValue,
     /// Requests routed here and not finished (the balancer's load figure).
@@ -58,6 +61,58 @@ pub struct Upstream {
     models: RwLock<Option<Arc<HashSet<String>>>>,
     /// Counters since start.
     pub counters: UpstreamCounters,
+}
+
+/// A replica's scheme, authority and base path, parsed once from its configured URL. The URI of
+/// a forwarded request is built from these parts and the client's origin-form path, never by
+/// joining strings, so no request target can change the host, port or scheme connected to.
+#[derive(Debug, Clone)]
+pub struct UpstreamTarget {
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    /// The configured URL's path without its trailing slash (`""` for none).
+    base_path: String,
+}
+
+impl UpstreamTarget {
+    /// The parts of `base` (`http[s]://host:port[/base]`, validated with the config).
+    pub fn parse(base: &str) -> anyhow::Result<UpstreamTarget> {
+        let uri: http::Uri = base.parse()?;
+        let parts = uri.into_parts();
+        let (Some(scheme), Some(authority)) = (parts.scheme, parts.authority) else {
+            anyhow::bail!("upstream `{base}` has no scheme or host");
+        };
+        let base_path = parts
+            .path_and_query
+            .map(|pq| pq.path().trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        Ok(UpstreamTarget {
+            scheme,
+            authority,
+            base_path,
+        })
+    }
+
+    /// The URI of a request for `path` (origin form: it starts with `/`) and `query` on this
+    /// replica; `None` when `path` is not origin form or the two make no valid path and query.
+    pub fn uri(&self, path: &str, query: Option<&str>) -> Option<http::Uri> {
+        if !path.starts_with('/') {
+            return None;
+        }
+        let q = query.map_or(0, |q| q.len() + 1);
+        let mut pq = String::with_capacity(self.base_path.len() + path.len() + q);
+        pq.push_str(&self.base_path);
+        pq.push_str(path);
+        if let Some(q) = query {
+            pq.push('?');
+            pq.push_str(q);
+        }
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_maybe_shared(pq).ok()?);
+        http::Uri::from_parts(parts).ok()
+    }
 }
 
 impl Upstream {
@@ -140,6 +195,7 @@ impl Upstreams {
                     name: Arc::from(u.name.as_str()),
                     url: u.url.clone(),
                     base: u.base.clone(),
+                    target: UpstreamTarget::parse(&u.base)?,
                     host: HeaderValue::from_str(&u.authority)?,
                     in_flight: AtomicU64::new(0),
                     failures_in_row: AtomicU32::new(0),

@@ -55,9 +55,23 @@ impl std::fmt::Display for IdleTimeout {
 
 impl std::error::Error for IdleTimeout {}
 
+/// A body the upstream cut short, on its way to the client.
+enum Cut {
+    /// Everything read before the cut has been handed to the server: one more poll, after its
+    /// write buffer has gone to the socket, before the error.
+    Flush(BoxError),
+    /// The error to end the response with (no clean end: the client sees the body cut).
+    Fail(BoxError),
+}
+
 /// The upstream's response body, metered.
 pub struct MeteredBody {
     inner: Option<PooledBody>,
+    /// The upstream cut the body short; set once, after the record is finished.
+    cut: Option<Cut>,
+    /// The response has no body (HEAD, 204, 304, a zero length): finished when built, since the
+    /// server never polls it.
+    bodiless: bool,
     tracker: Tracker,
     reading: Reading,
     idle: Duration,
@@ -72,15 +86,22 @@ impl MeteredBody {
     /// Wraps `inner`; the request's record is finished by this body from now on.
     pub fn new(inner: PooledBody, tracker: Tracker, reading: Reading, idle: Duration) -> Self {
         let now = Instant::now();
-        MeteredBody {
+        let bodiless = inner.is_end_stream();
+        let mut body = MeteredBody {
             inner: Some(inner),
+            cut: None,
+            bodiless,
             tracker,
             reading,
             idle,
             last_frame: now,
             timer: Box::pin(tokio::time::sleep_until((now + idle).into())),
             timer_waker: None,
+        };
+        if bodiless {
+            body.end(Outcome::Ok, None);
         }
+        body
     }
 
     fn holds_bytes(&self) -> bool {
@@ -270,6 +291,18 @@ impl Body for MeteredBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        match this.cut.take() {
+            None => {}
+            Some(Cut::Flush(e)) => {
+                // hyper writes its buffer to the socket after a pending body and before it polls
+                // again; an error now would close the connection with the bytes already read
+                // still in that buffer, and the client would get none of them.
+                this.cut = Some(Cut::Fail(e));
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Some(Cut::Fail(e)) => return Poll::Ready(Some(Err(e))),
+        }
         this.tracker.on_poll();
         loop {
             let Some(inner) = this.inner.as_mut() else {
@@ -300,15 +333,43 @@ impl Body for MeteredBody {
                                 return Poll::Ready(None);
                             }
                         }
-                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                        Err(frame) => {
+                            // Trailers are the last frame: the server will not poll again.
+                            if this
+                                .inner
+                                .as_ref()
+                                .is_some_and(http_body::Body::is_end_stream)
+                            {
+                                this.end(Outcome::Ok, None);
+                            }
+                            return Poll::Ready(Some(Ok(frame)));
+                        }
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
+                    // What was read before the cut reaches the client, then the cut: an event
+                    // held back (it might have been a usage event) goes as the upstream sent it.
+                    let rest = match &mut this.reading {
+                        Reading::Sse { held, .. } if !held.is_empty() => {
+                            Some(held.split().freeze())
+                        }
+                        _ => None,
+                    };
+                    if let Some(rest) = &rest {
+                        this.tracker.on_sent(rest.len());
+                    }
                     this.end(
                         Outcome::UpstreamAborted,
                         Some("upstream connection lost mid-body"),
                     );
-                    return Poll::Ready(Some(Err(Box::new(e))));
+                    if let Some(rest) = rest {
+                        this.cut = Some(Cut::Flush(Box::new(e)));
+                        return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    }
+                    // As `Cut::Flush`: pending once, so the server writes what it holds first.
+                    this.cut = Some(Cut::Fail(Box::new(e)));
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
                 }
                 Poll::Ready(None) => {
                     if let Reading::Sse { held, .. } = &mut this.reading {
@@ -347,10 +408,15 @@ impl Body for MeteredBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_none()
+        // A bodiless response keeps its zero-length hint, so the server writes its head as the
+        // upstream sent it (a 304's or a HEAD answer's content-length) and never polls it.
+        self.inner.is_none() && self.cut.is_none() && !self.bodiless
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.bodiless {
+            return SizeHint::with_exact(0);
+        }
         match (&self.inner, &self.reading) {
             (Some(b), Reading::Json { .. } | Reading::Opaque) => b.size_hint(),
             _ => SizeHint::default(),

@@ -167,6 +167,16 @@ async fn forward(
         None => HeaderValue::from_str(tracker.request_id().as_str()).ok(),
     };
 
+    if !origin_form(&parts.uri) {
+        return reject(
+            tracker,
+            ProxyError::bad_request(
+                "The request target must be a path starting with `/` (origin form).",
+            ),
+            "request target not in origin form",
+        );
+    }
+
     if users.require_known_key {
         let known =
             identity::bearer_key(&parts.headers).and_then(|k| identity::known_key_name(&users, k));
@@ -277,8 +287,8 @@ async fn forward(
             );
         };
         let index = l.index;
-        // A path that makes no URI is the client's; every replica's base is a valid URI.
-        let Ok(uri) = upstream_uri(&l.upstream.base, fwd_path, query) else {
+        // A path that makes no URI is the client's; the replica's parts are always valid.
+        let Some(uri) = l.upstream.target.uri(fwd_path, query) else {
             return reject(
                 tracker,
                 ProxyError::bad_request("The request path is not valid."),
@@ -479,23 +489,18 @@ async fn send(
     }
 }
 
+/// Whether a request target names a path on this server: origin form (`/path?query`, RFC 9112
+/// §3.2.1), or absolute form (§3.2.2, which a server must accept) whose authority is ignored: the
+/// replica's own is used. Asterisk form (`*`, §3.2.4) and authority form (§3.2.3) name no path
+/// to forward and are refused.
+fn origin_form(uri: &Uri) -> bool {
+    uri.path().starts_with('/')
+}
+
 fn content_type_starts(h: &http::HeaderMap, prefix: &str) -> bool {
     h.get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(prefix))
-}
-
-/// `base` + `path` (+ `?query`), built in one allocation.
-fn upstream_uri(base: &str, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
-    let q = query.map_or(0, |q| q.len() + 1);
-    let mut s = String::with_capacity(base.len() + path.len() + q);
-    s.push_str(base);
-    s.push_str(path);
-    if let Some(q) = query {
-        s.push('?');
-        s.push_str(q);
-    }
-    Ok(Uri::try_from(s)?)
 }
 
 /// Reads the whole request body within the size and time limits.

@@ -117,8 +117,10 @@ impl UpstreamPool {
     }
 
     /// Sends `req` (an absolute URI) on an idle connection to its replica, or on a new one, and
-    /// waits for the response head. A request whose writing failed on a kept connection (the
-    /// upstream had just closed it) is sent again on the next one, or on a new connection.
+    /// waits for the response head. A request is sent again, on the next kept connection or a
+    /// new one, only when none of it reached the socket of a kept connection that turned out
+    /// closed: once a byte is written the upstream may have taken the request, and a generation
+    /// is never started twice.
     pub async fn request(
         &self,
         req: Request<Bytes>,
@@ -134,23 +136,18 @@ impl UpstreamPool {
                 Some(u) => (u, true),
                 None => (self.connect(req.uri()).await?, false),
             };
-            if let Err(e) = upstream
-                .write_request(head.clone(), req.body().clone())
-                .await
-            {
-                if kept {
-                    continue;
-                }
-                return Err(UpstreamError::Request(e.into()));
-            }
             let Head {
                 response,
                 framing,
                 reusable,
-            } = upstream
-                .read_head(req.method())
+            } = match upstream
+                .send(head.clone(), req.body().clone(), req.method())
                 .await
-                .map_err(UpstreamError::Request)?;
+            {
+                Ok(head) => head,
+                Err(e) if kept && e.written == 0 => continue,
+                Err(e) => return Err(UpstreamError::Request(e.error)),
+            };
             let mut body = PooledBody {
                 framing,
                 held: Some(Held {

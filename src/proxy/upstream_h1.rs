@@ -20,7 +20,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Frame;
 use hyper_util::rt::TokioIo;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::headers::list_elements;
 
@@ -30,6 +30,14 @@ const MAX_HEADERS: usize = 128;
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Longest chunk-size line, extensions included.
 const MAX_CHUNK_LINE: usize = 4096;
+/// Most bytes of chunk extensions over one body, as hyper allows: extensions carry nothing the
+/// proxy reads, and an upstream that sends them without end must not hold a core.
+const MAX_CHUNK_EXTENSION_BYTES: u64 = 16 * 1024;
+/// Longest trailer section, as hyper allows.
+const MAX_TRAILER_BYTES: usize = 16 * 1024;
+/// Most interim (1xx) responses read before the final one. RFC 9110 §15.2 allows several, but an
+/// upstream that sends them without end would hold a core until the header timeout.
+const MAX_INTERIM_RESPONSES: usize = 16;
 /// A read is made with at least this much room; below it the buffer grows by the read step.
 const MIN_READ: usize = 1024;
 /// What the buffer first grows by. One SSE event of vLLM's is a few hundred bytes: 2 KiB holds
@@ -94,12 +102,24 @@ pub struct Head {
     pub reusable: bool,
 }
 
+/// Why a request could not be sent and its response head read, and how much of the request had
+/// reached the socket by then: a request none of which was written may be sent again elsewhere.
+#[derive(Debug)]
+pub struct SendError {
+    /// Bytes of the request (head and body) written before the failure.
+    pub written: usize,
+    /// What failed.
+    pub error: H1Error,
+}
+
 /// One client connection: the transport and what has been read from it but not used yet.
 pub struct H1Conn<T> {
     io: TokioIo<T>,
     buf: BytesMut,
     /// What the buffer grows by when it has less than [`MIN_READ`] free.
     read_step: usize,
+    /// Chunk-extension bytes read in the current body (bounded by [`MAX_CHUNK_EXTENSION_BYTES`]).
+    extension_bytes: u64,
 }
 
 impl<T> H1Conn<T>
@@ -112,10 +132,73 @@ where
             io: TokioIo::new(io),
             buf: BytesMut::new(),
             read_step: READ_STEP,
+            extension_bytes: 0,
+        }
+    }
+
+    /// Writes a request (its head and whole body) and reads the response head. The head is read
+    /// while the request is still being written, so an upstream that answers before it has
+    /// read the body (an early 413, say, RFC 9112 §9.5) gets that answer to the client at once
+    /// instead of both sides waiting on full buffers; such a connection is not kept.
+    pub async fn send(
+        &mut self,
+        head: Bytes,
+        body: Bytes,
+        method: &Method,
+    ) -> Result<Head, SendError> {
+        let mut out = head.chain(body);
+        let total = out.remaining();
+        let mut interim = 0;
+        let early = poll_fn(|cx| loop {
+            if !out.has_remaining() {
+                return Pin::new(&mut self.io).poll_flush(cx).map(|r| {
+                    r.map(|()| None)
+                        .map_err(|e| (total - out.remaining(), H1Error::Io(e)))
+                });
+            }
+            match tokio_util::io::poll_write_buf(Pin::new(&mut self.io), cx, &mut out) {
+                Poll::Ready(Ok(0)) => {
+                    let e = io::Error::from(io::ErrorKind::WriteZero);
+                    return Poll::Ready(Err((total - out.remaining(), H1Error::Io(e))));
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => {
+                    return Poll::Ready(Err((total - out.remaining(), H1Error::Io(e))));
+                }
+                Poll::Pending => match ready!(self.poll_parse_head(cx)) {
+                    Ok(r) if is_interim(r.status()) => {
+                        interim += 1;
+                        if interim > MAX_INTERIM_RESPONSES {
+                            let e = H1Error::Invalid("too many interim responses");
+                            return Poll::Ready(Err((total - out.remaining(), e)));
+                        }
+                    }
+                    Ok(r) => return Poll::Ready(Ok(Some(r))),
+                    Err(e) => return Poll::Ready(Err((total - out.remaining(), e))),
+                },
+            }
+        })
+        .await
+        .map_err(|(written, error)| SendError { written, error })?;
+        let written = total;
+        match early {
+            Some(response) => {
+                let mut head = self
+                    .frame(response, method)
+                    .map_err(|error| SendError { written, error })?;
+                // The rest of the request was not sent: the connection's state is unknown.
+                head.reusable = false;
+                Ok(head)
+            }
+            None => self
+                .read_head_after(method, interim)
+                .await
+                .map_err(|error| SendError { written, error }),
         }
     }
 
     /// Writes the head and body of a request and flushes them.
+    #[cfg(test)]
     pub async fn write_request(&mut self, head: Bytes, body: Bytes) -> io::Result<()> {
         let mut both = head.chain(body);
         self.io.write_all_buf(&mut both).await?;
@@ -123,16 +206,36 @@ where
     }
 
     /// Reads the head of the response to a `method` request. Interim (1xx) responses are read
-    /// past, as hyper's client does, except `101 Switching Protocols`.
+    /// past, as hyper's client does, except `101 Switching Protocols`, up to
+    /// [`MAX_INTERIM_RESPONSES`] of them.
+    #[cfg(test)]
     pub async fn read_head(&mut self, method: &Method) -> Result<Head, H1Error> {
+        self.read_head_after(method, 0).await
+    }
+
+    /// [`H1Conn::read_head`], `interim` interim responses having been read already.
+    async fn read_head_after(
+        &mut self,
+        method: &Method,
+        mut interim: usize,
+    ) -> Result<Head, H1Error> {
         loop {
             let response = poll_fn(|cx| self.poll_parse_head(cx)).await?;
-            let status = response.status();
-            if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+            if is_interim(response.status()) {
+                interim += 1;
+                if interim > MAX_INTERIM_RESPONSES {
+                    return Err(H1Error::Invalid("too many interim responses"));
+                }
                 continue;
             }
-            return frame_head(response, method);
+            return self.frame(response, method);
         }
+    }
+
+    /// The framing of a final response head; a new body starts.
+    fn frame(&mut self, response: Response<()>, method: &Method) -> Result<Head, H1Error> {
+        self.extension_bytes = 0;
+        frame_head(response, method)
     }
 
     fn poll_parse_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<()>, H1Error>> {
@@ -196,9 +299,13 @@ where
     ) -> Poll<Result<Option<Frame<Bytes>>, H1Error>> {
         match step {
             Chunk::Size => {
-                let (end, used) = ready!(self.poll_line(MAX_CHUNK_LINE, cx))?;
-                let size = chunk_size(&self.buf[..end])?;
-                self.buf.advance(used);
+                let end = ready!(self.poll_line(MAX_CHUNK_LINE, cx))?;
+                let (size, extension) = chunk_size(&self.buf[..end])?;
+                self.extension_bytes += extension as u64;
+                if self.extension_bytes > MAX_CHUNK_EXTENSION_BYTES {
+                    return Poll::Ready(Err(H1Error::Invalid("chunk extensions over the limit")));
+                }
+                self.buf.advance(end + 2);
                 *framing = Framing::Chunked(if size == 0 {
                     Chunk::Trailers
                 } else {
@@ -216,18 +323,20 @@ where
                 Poll::Ready(Ok(Some(Frame::data(data))))
             }
             Chunk::DataEnd => {
-                // Most often the CRLF came with the data: no line search.
-                if self.buf.starts_with(b"\r\n") {
-                    self.buf.advance(2);
-                } else {
-                    let (end, used) = ready!(self.poll_line(2, cx))?;
-                    if end != 0 {
-                        return Poll::Ready(Err(H1Error::Invalid(
-                            "chunk data longer than its size",
-                        )));
+                // Most often the CRLF came with the data: no line search. Exactly CRLF, as
+                // RFC 9112 §7.1 writes it and hyper reads it.
+                while self.buf.len() < 2 {
+                    if self.buf.first().is_some_and(|&b| b != b'\r') {
+                        break;
                     }
-                    self.buf.advance(used);
+                    if ready!(self.poll_fill(cx))? == 0 {
+                        return Poll::Ready(Err(H1Error::Incomplete));
+                    }
                 }
+                if !self.buf.starts_with(b"\r\n") {
+                    return Poll::Ready(Err(H1Error::Invalid("chunk data longer than its size")));
+                }
+                self.buf.advance(2);
                 *framing = Framing::Chunked(Chunk::Size);
                 Poll::Ready(Ok(None))
             }
@@ -242,20 +351,29 @@ where
     /// The trailer section after the last chunk, up to its empty line; `None` when it is empty.
     fn poll_trailers(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<HeaderMap>, H1Error>> {
         loop {
-            if self.buf.starts_with(b"\r\n") || self.buf.starts_with(b"\n") {
-                let n = if self.buf[0] == b'\r' { 2 } else { 1 };
-                self.buf.advance(n);
+            if self.buf.starts_with(b"\r\n") {
+                self.buf.advance(2);
                 return Poll::Ready(Ok(None));
             }
-            if !self.buf.is_empty() {
+            if self.buf.first().is_some_and(|&b| b == b'\n')
+                || self.buf.starts_with(b"\r") && self.buf.len() > 1
+            {
+                return Poll::Ready(Err(H1Error::Invalid("malformed trailers")));
+            }
+            if self.buf.len() > 1 {
                 let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
                 match httparse::parse_headers(&self.buf, &mut fields) {
                     Ok(httparse::Status::Complete((n, fields))) => {
+                        // Every line ends in CRLF (RFC 9112 §7.1.2), as hyper requires; httparse
+                        // alone also takes a bare LF.
+                        if !crlf_lines(&self.buf[..n]) {
+                            return Poll::Ready(Err(H1Error::Invalid("malformed trailers")));
+                        }
                         let map = header_map(fields)?;
                         self.buf.advance(n);
                         return Poll::Ready(Ok(Some(map)));
                     }
-                    Ok(httparse::Status::Partial) if self.buf.len() < MAX_HEAD_BYTES => {}
+                    Ok(httparse::Status::Partial) if self.buf.len() < MAX_TRAILER_BYTES => {}
                     Ok(httparse::Status::Partial) => {
                         return Poll::Ready(Err(H1Error::Invalid("trailer section too large")));
                     }
@@ -268,28 +386,32 @@ where
         }
     }
 
-    /// Waits for a whole line at the start of the buffer; its length without the line ending,
-    /// and with it. Refused past `max` bytes. The caller reads the line in place and advances
-    /// past it: no slice of the buffer is made for it. Inlined: it runs once or twice per chunk,
-    /// and a call costs about as much as the search.
+    /// Waits for a whole line at the start of the buffer, ended by CRLF; its length without the
+    /// CRLF. A bare CR or LF is refused at once (RFC 9112 §7.1: a chunk-size line ends in CRLF;
+    /// hyper refuses the others too), and so is a line past `max` bytes. The caller reads the
+    /// line in place and advances past it: no slice of the buffer is made for it. Inlined: it
+    /// runs once per chunk, and a call costs about as much as the search.
     #[inline]
-    fn poll_line(
-        &mut self,
-        max: usize,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(usize, usize), H1Error>> {
+    fn poll_line(&mut self, max: usize, cx: &mut Context<'_>) -> Poll<Result<usize, H1Error>> {
         loop {
             // A chunk-size line is a few bytes: a plain search beats memchr's set-up.
             let window = &self.buf[..self.buf.len().min(max + 1)];
-            if let Some(lf) = window.iter().position(|&b| b == b'\n') {
-                let end = if lf > 0 && self.buf[lf - 1] == b'\r' {
-                    lf - 1
-                } else {
-                    lf
-                };
-                return Poll::Ready(Ok((end, lf + 1)));
-            }
-            if self.buf.len() > max {
+            if let Some(end) = window.iter().position(|&b| b == b'\n' || b == b'\r') {
+                match self.buf.get(end..end + 2) {
+                    Some(b"\r\n") => return Poll::Ready(Ok(end)),
+                    Some(_) => {
+                        return Poll::Ready(Err(H1Error::Invalid(
+                            "bare CR or LF in a chunk-size line",
+                        )))
+                    }
+                    None if self.buf[end] == b'\n' => {
+                        return Poll::Ready(Err(H1Error::Invalid(
+                            "bare CR or LF in a chunk-size line",
+                        )))
+                    }
+                    None => {}
+                }
+            } else if self.buf.len() > max {
                 return Poll::Ready(Err(H1Error::Invalid("chunk-size line too long")));
             }
             if ready!(self.poll_fill(cx))? == 0 {
@@ -408,9 +530,14 @@ fn header_map(fields: &[httparse::Header<'_>]) -> Result<HeaderMap, H1Error> {
 /// How the body of `response` to a `method` request is framed (RFC 9112 §6.3), and whether its
 /// connection may be kept. An invalid `content-length` leaves the body's end unknown: the
 /// response is refused, as §6.3 tells a user agent to.
-fn frame_head(response: Response<()>, method: &Method) -> Result<Head, H1Error> {
+fn frame_head(mut response: Response<()>, method: &Method) -> Result<Head, H1Error> {
     let headers = response.headers();
     let status = response.status();
+    if response.version() == Version::HTTP_10 && headers.contains_key(header::TRANSFER_ENCODING) {
+        // HTTP/1.0 has no transfer codings (RFC 9112 §6.1): its framing cannot be trusted, and
+        // hyper refuses it too.
+        return Err(H1Error::Invalid("HTTP/1.0 response with transfer-encoding"));
+    }
     let keep_alive = if response.version() == Version::HTTP_10 {
         has_token(headers, &header::CONNECTION, "keep-alive")
     } else {
@@ -425,21 +552,39 @@ fn frame_head(response: Response<()>, method: &Method) -> Result<Head, H1Error> 
     {
         (Framing::Done, keep_alive)
     } else if headers.contains_key(header::TRANSFER_ENCODING) {
-        if last_coding_is_chunked(headers) {
-            // With a length beside it, or in HTTP/1.0, the framing is suspect (§6.1): the
-            // chunks are read, the connection is not kept.
-            let suspect = headers.contains_key(header::CONTENT_LENGTH)
-                || response.version() == Version::HTTP_10;
-            (Framing::Chunked(Chunk::Size), keep_alive && !suspect)
+        let framing = if last_coding_is_chunked(headers) {
+            Framing::Chunked(Chunk::Size)
         } else {
-            (Framing::UntilClose, false)
-        }
+            Framing::UntilClose
+        };
+        // With a length beside it the framing is suspect (§6.1): the chunks are read, the
+        // connection is not kept, and the length, which does not describe the body, is removed
+        // before the response is forwarded (§6.3, point 3).
+        let suspect = headers.contains_key(header::CONTENT_LENGTH);
+        response.headers_mut().remove(header::CONTENT_LENGTH);
+        let chunked = matches!(framing, Framing::Chunked(_));
+        (framing, keep_alive && chunked && !suspect)
     } else {
-        match content_length(headers) {
-            Ok(Some(0)) => (Framing::Done, keep_alive),
-            Ok(Some(n)) => (Framing::Length(n), keep_alive),
-            Ok(None) => (Framing::UntilClose, false),
-            Err(()) => return Err(H1Error::Invalid("invalid content-length")),
+        let fields = headers.get_all(header::CONTENT_LENGTH).iter().count();
+        let length =
+            content_length(headers).map_err(|()| H1Error::Invalid("invalid content-length"))?;
+        if let Some(n) = length {
+            if fields > 1
+                || headers
+                    .get(header::CONTENT_LENGTH)
+                    .is_some_and(|v| v.as_bytes().contains(&b','))
+            {
+                // A list of equal lengths (§6.3, point 5) is forwarded as the one length it
+                // means, not as it came.
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+            }
+        }
+        match length {
+            Some(0) => (Framing::Done, keep_alive),
+            Some(n) => (Framing::Length(n), keep_alive),
+            None => (Framing::UntilClose, false),
         }
     };
     Ok(Head {
@@ -454,7 +599,12 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, ()> {
     let mut length = None;
     for v in headers.get_all(header::CONTENT_LENGTH) {
         for part in v.to_str().map_err(|_| ())?.split(',') {
-            let n: u64 = part.trim().parse().map_err(|_| ())?;
+            // Digits only (RFC 9110 §8.6: `1*DIGIT`): `parse` alone would take `+5`.
+            let part = part.trim();
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(());
+            }
+            let n: u64 = part.parse().map_err(|_| ())?;
             if length.is_some_and(|l| l != n) {
                 return Err(());
             }
@@ -476,23 +626,50 @@ fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
     list_elements(headers, name).any(|t| t.eq_ignore_ascii_case(token))
 }
 
-/// The size of a chunk from its size line (`hex[;extensions]`).
-fn chunk_size(line: &[u8]) -> Result<u64, H1Error> {
-    let digits = line
+/// The size of a chunk from its size line, and how many bytes of extensions the line carries.
+/// RFC 9112 §7.1: `1*HEXDIG`, then optional whitespace (which hyper also allows) and `;`
+/// extensions; anything else after the digits is refused.
+fn chunk_size(line: &[u8]) -> Result<(u64, usize), H1Error> {
+    let digits_end = line
         .iter()
-        .position(|&b| b == b';' || b == b' ' || b == b'\t')
-        .map_or(line, |end| &line[..end]);
-    if digits.is_empty() || digits.len() > 16 {
-        return Err(H1Error::Invalid("invalid chunk size"));
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    if digits_end == 0 || digits_end > 16 {
+        return Err(invalid_size());
     }
+    let rest = &line[digits_end..];
+    let ws = rest
+        .iter()
+        .position(|&b| b != b' ' && b != b'\t')
+        .unwrap_or(rest.len());
+    let extension = match rest.get(ws) {
+        None => 0,
+        Some(b';') => rest.len() - ws,
+        Some(_) => return Err(invalid_size()),
+    };
     let mut size = 0u64;
-    for &b in digits {
-        let d = char::from(b)
-            .to_digit(16)
-            .ok_or(H1Error::Invalid("invalid chunk size"))?;
+    for &b in &line[..digits_end] {
+        let d = char::from(b).to_digit(16).ok_or_else(invalid_size)?;
         size = size << 4 | u64::from(d);
     }
-    Ok(size)
+    Ok((size, extension))
+}
+
+fn invalid_size() -> H1Error {
+    H1Error::Invalid("invalid chunk size")
+}
+
+/// Whether every line of a header section ends in CRLF.
+fn crlf_lines(section: &[u8]) -> bool {
+    section
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b != b'\n' || (i > 0 && section[i - 1] == b'\r'))
+}
+
+/// An interim response, read past: 1xx but `101 Switching Protocols`, which ends the exchange.
+fn is_interim(status: StatusCode) -> bool {
+    status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS
 }
 
 /// The head of `req` as HTTP/1.1 bytes, for a body of `body_len` bytes. The request's own

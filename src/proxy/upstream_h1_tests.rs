@@ -165,9 +165,14 @@ async fn keep_alive_follows_the_version_and_the_connection_header() {
             true,
         ),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", true),
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n", true),
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n0\r\n\r\n", false),
-        (b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n", false),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+            true,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n0\r\n\r\n",
+            false,
+        ),
     ] {
         let (head, body, _) = head_and_body(wire, false).await;
         assert_eq!(head.reusable, reusable, "{}", String::from_utf8_lossy(wire));
@@ -255,6 +260,18 @@ async fn malformed_responses_are_refused_with_a_reason() {
             b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
             "invalid content-length",
         ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: +5\r\n\r\nhello",
+            "invalid content-length",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5,\r\n\r\nhello",
+            "invalid content-length",
+        ),
+        (
+            b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+            "HTTP/1.0 response with transfer-encoding",
+        ),
     ] {
         let mut c = conn_to(wire, true).await;
         match c.read_head(&Method::GET).await {
@@ -270,6 +287,30 @@ async fn malformed_responses_are_refused_with_a_reason() {
         (
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nabc\r\n",
             "chunk data longer than its size",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nab\n0\r\n\r\n",
+            "chunk data longer than its size",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5 x\r\nhello\r\n",
+            "invalid chunk size",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\rhello\r\n",
+            "bare CR or LF in a chunk-size line",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\nhello\r\n",
+            "bare CR or LF in a chunk-size line",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\nx-a: 1\n\r\n",
+            "malformed trailers",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\n",
+            "malformed trailers",
         ),
     ] {
         let (_, body, _) = head_and_body(wire, true).await;
