@@ -3,10 +3,10 @@
 //!
 //! The data path only offers each finished generation record to a bounded queue (`try_send`: a
 //! full queue drops the record and counts it). A thread of its own records the instruments; the
-//! SDK's periodic reader exports them on its own thread every `otlp_export_interval_ms`, over a
-//! small blocking HTTP/1.1 client, so a slow or down collector never reaches a request. A failed
-//! export is counted; the SDK keeps cumulative sums, so the next export that gets through carries
-//! what the failed one had.
+//! SDK's periodic reader exports them on its own thread every `otlp_export_interval_ms`, through
+//! hyper-util's client on a small runtime of the exporters' own ([`transport`]), so a slow or
+//! down collector never reaches a request. A failed export is counted; the SDK keeps cumulative
+//! sums, so the next export that gets through carries what the failed one had.
 
 pub mod traces;
 pub mod transport;
@@ -25,7 +25,7 @@ use crate::clock::UnixNanos;
 use crate::observe::Observer;
 use crate::otlp::traces::{SpanMaker, SpanQueue};
 pub use crate::otlp::transport::OtlpCounters;
-use crate::otlp::transport::{BlockingHttp, Signal};
+use crate::otlp::transport::{request_timeout, ExportRuntime, OtlpHttp, Signal};
 use crate::record::RequestRecord;
 
 /// Records queued for the recording thread before new ones are dropped (and counted).
@@ -157,11 +157,13 @@ impl OtlpExport {
     ) -> anyhow::Result<Arc<OtlpExport>> {
         let counters = Arc::new(OtlpCounters::default());
         let url = format!("{}/v1/metrics", endpoint.trim_end_matches('/'));
-        let client = BlockingHttp {
-            timeout: interval.clamp(Duration::from_millis(100), Duration::from_secs(10)),
-            counters: counters.clone(),
-            signal: Signal::Metrics,
-        };
+        let runtime = ExportRuntime::start()?;
+        let client = OtlpHttp::new(
+            &runtime,
+            request_timeout(interval),
+            counters.clone(),
+            Signal::Metrics,
+        );
         let exporter = MetricExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpBinary)
@@ -173,7 +175,12 @@ impl OtlpExport {
             .build();
         let provider = SdkMeterProvider::builder().with_reader(reader).build();
         let spans = if traces {
-            Some(SpanQueue::start(endpoint, interval, counters.clone())?)
+            Some(SpanQueue::start(
+                endpoint,
+                interval,
+                counters.clone(),
+                &runtime,
+            )?)
         } else {
             None
         };

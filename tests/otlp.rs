@@ -2,7 +2,7 @@
 //! `POST /v1/metrics` and `POST /v1/traces` with the official protobuf definitions
 //! (opentelemetry-proto). Names, units and the exported token sums must equal the access log's,
 //! every span its request's line, trace context continued from `traceparent`; a down collector
-//! costs only counts.
+//! costs only counts, and so does one whose reply is too long or never ends.
 
 // Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -10,6 +10,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +21,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use prost::Message;
+use tokenmeter::observe::Observer;
+use tokenmeter::otlp::{OtlpCounters, OtlpExport};
 use tokenmeter::sim::SimConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -464,4 +467,169 @@ async fn a_collector_that_never_answers_does_not_hold_up_shutdown() {
     assert!(took < Duration::from_secs(4), "shutdown took {took:?}");
     holder.abort();
     up.shutdown().await;
+}
+
+/// How [`misbehaving_collector`] answers each export request, once it has read it.
+#[derive(Clone, Copy)]
+enum Reply {
+    /// 200 with a `content-length` of this many bytes, sent as fast as the client takes them.
+    Huge(usize),
+    /// 200, chunked, one byte every 10 ms for as long as the client reads.
+    Trickle,
+}
+
+/// A collector on port 0 answering every export request with `reply`. Returns its address,
+/// the connections it accepted, and for each connection, once it ended, the reply body bytes
+/// it got out.
+async fn misbehaving_collector(
+    reply: Reply,
+) -> (
+    SocketAddr,
+    Arc<AtomicUsize>,
+    tokio::sync::mpsc::UnboundedReceiver<usize>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                // The request: its head, then content-length bytes of body.
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 16 * 1024];
+                loop {
+                    let k = s.read(&mut tmp).await.unwrap_or(0);
+                    if k == 0 {
+                        let _ = tx.send(0);
+                        return;
+                    }
+                    buf.extend_from_slice(&tmp[..k]);
+                    if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + len {
+                            break;
+                        }
+                    }
+                }
+                let mut sent = 0;
+                match reply {
+                    Reply::Huge(len) => {
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: {len}\r\n\r\n"
+                        );
+                        let block = vec![0u8; 64 * 1024];
+                        if s.write_all(head.as_bytes()).await.is_ok() {
+                            while sent < len {
+                                let n = block.len().min(len - sent);
+                                if s.write_all(&block[..n]).await.is_err() {
+                                    break;
+                                }
+                                sent += n;
+                            }
+                        }
+                    }
+                    Reply::Trickle => {
+                        let head = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ntransfer-encoding: chunked\r\n\r\n";
+                        if s.write_all(head.as_bytes()).await.is_ok() {
+                            while s.write_all(b"1\r\n0\r\n").await.is_ok() {
+                                sent += 1;
+                                // The collector's pace, not a wait for anything.
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                            }
+                        }
+                    }
+                }
+                let _ = tx.send(sent);
+            });
+        }
+    });
+    (addr, accepted, rx)
+}
+
+/// Metrics and spans of five requests exported to a collector answering with `reply`, at a
+/// 1 s interval (so a 1 s bound on each export request); then the exporter is shut down,
+/// which exports both once more and waits for it. Returns the counters, and the reply body
+/// bytes each connection got out before it ended.
+async fn export_to(reply: Reply) -> (Arc<OtlpCounters>, Vec<usize>) {
+    let (addr, accepted, mut ended) = misbehaving_collector(reply).await;
+    let export =
+        OtlpExport::start(&format!("http://{addr}"), Duration::from_secs(1), true).unwrap();
+    let counters = export.counters().clone();
+    for i in 0..5 {
+        let r = tokenmeter::analyze::synth::record(
+            tokenmeter::analyze::synth::T0 + i * 1_000_000,
+            100.0,
+            Some(10.0),
+            4,
+            true,
+            "u",
+        );
+        export.finished(i, 0, &Arc::new(r), true);
+    }
+    // Shutdown blocks this thread until the last exports are done: it runs on a thread of its
+    // own, so one that never returns fails the test instead of hanging it.
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        export.shutdown();
+        let _ = done_tx.send(());
+    });
+    tokio::time::timeout(Duration::from_secs(20), done_rx)
+        .await
+        .expect("the exporter shut down: every export request ended within its bound")
+        .unwrap();
+    // Every connection is over once the exporter is gone.
+    let mut sent = Vec::new();
+    for _ in 0..accepted.load(Ordering::SeqCst) {
+        let n = tokio::time::timeout(Duration::from_secs(20), ended.recv())
+            .await
+            .expect("the client hung up")
+            .unwrap();
+        sent.push(n);
+    }
+    (counters, sent)
+}
+
+/// A reply longer than the client's bound is cut off, not buffered whole, and costs a counted
+/// failure like any failed export (the spans in it count as dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_past_the_bound_is_cut_off_and_counted_failed() {
+    const LEN: usize = 32 << 20;
+    let (c, sent) = export_to(Reply::Huge(LEN)).await;
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    assert_eq!(get(&c.exports_ok), 0);
+    assert!(get(&c.export_failures) >= 1);
+    assert_eq!(get(&c.span_exports_ok), 0);
+    assert!(get(&c.span_export_failures) >= 1);
+    assert_eq!(get(&c.spans_exported), 0);
+    assert_eq!(get(&c.spans_dropped), 5);
+    assert_eq!(get(&c.recorded), 5);
+    assert!(sent.len() >= 2, "a metrics and a trace export: {sent:?}");
+    for n in &sent {
+        assert!(*n < LEN, "the client stopped reading: {sent:?}");
+    }
+}
+
+/// A reply that never ends, a byte at a time (each read gets something, so no per-read
+/// timeout fires), costs a counted failure once the request's bound is up, and does not hold
+/// up shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_never_ends_is_a_counted_failure_within_the_bound() {
+    let (c, sent) = export_to(Reply::Trickle).await;
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    assert_eq!(get(&c.exports_ok), 0);
+    assert!(get(&c.export_failures) >= 1);
+    assert_eq!(get(&c.span_exports_ok), 0);
+    assert!(get(&c.span_export_failures) >= 1);
+    assert_eq!(get(&c.spans_exported), 0);
+    assert_eq!(get(&c.spans_dropped), 5);
+    assert!(sent.len() >= 2, "a metrics and a trace export: {sent:?}");
 }

@@ -21,7 +21,7 @@ use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter as _, SpanLink
 use opentelemetry_sdk::Resource;
 use rand::RngCore;
 
-use crate::otlp::transport::{block_on, BlockingHttp, OtlpCounters, Signal};
+use crate::otlp::transport::{request_timeout, ExportRuntime, OtlpCounters, OtlpHttp, Signal};
 use crate::record::RequestRecord;
 
 /// Spans queued for the export thread before new ones are dropped (and counted).
@@ -175,17 +175,20 @@ pub struct SpanQueue {
 }
 
 impl SpanQueue {
-    /// Starts the export thread, sending to `<endpoint>/v1/traces` at least every `interval`.
+    /// Starts the export thread, sending to `<endpoint>/v1/traces` at least every `interval`,
+    /// its requests run on `runtime`.
     pub fn start(
         endpoint: &str,
         interval: Duration,
         counters: Arc<OtlpCounters>,
+        runtime: &Arc<ExportRuntime>,
     ) -> anyhow::Result<(SpanQueue, std::thread::JoinHandle<()>)> {
-        let client = BlockingHttp {
-            timeout: interval.clamp(Duration::from_millis(100), Duration::from_secs(10)),
-            counters: counters.clone(),
-            signal: Signal::Traces,
-        };
+        let client = OtlpHttp::new(
+            runtime,
+            request_timeout(interval),
+            counters.clone(),
+            Signal::Traces,
+        );
         let mut exporter = SpanExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpBinary)
@@ -195,9 +198,10 @@ impl SpanQueue {
         exporter.set_resource(&Resource::builder().build());
         let (tx, rx) = sync_channel::<SpanData>(SPAN_QUEUE);
         let c = counters.clone();
+        let rt = runtime.clone();
         let thread = std::thread::Builder::new()
             .name("tokenmeter-otlp-spans".into())
-            .spawn(move || export_loop(&rx, &exporter, interval, &c))?;
+            .spawn(move || export_loop(&rx, &exporter, &rt, interval, &c))?;
         Ok((SpanQueue { tx, counters }, thread))
     }
 
@@ -213,6 +217,7 @@ impl SpanQueue {
 fn export_loop(
     rx: &Receiver<SpanData>,
     exporter: &SpanExporter,
+    runtime: &ExportRuntime,
     interval: Duration,
     counters: &OtlpCounters,
 ) {
@@ -224,7 +229,7 @@ fn export_loop(
         }
         let n = batch.len() as u64;
         let spans = std::mem::replace(batch, Vec::with_capacity(BATCH));
-        let counter = match block_on(exporter.export(spans)) {
+        let counter = match runtime.block_on(exporter.export(spans)) {
             Ok(()) => &counters.spans_exported,
             Err(_) => &counters.spans_dropped,
         };

@@ -1,17 +1,36 @@
-//! How OTLP exports leave: a small blocking HTTP/1.1 client run on the exporters' own threads
-//! (outside any tokio runtime), the counters it keeps, and the executor that drives the SDK's
-//! export futures there. A leaf of `otlp`: it imports nothing from it.
+//! How OTLP exports leave: hyper-util's pooled client (the one the binary uses for all its
+//! HTTP off the proxy's hot path), run on a small tokio runtime of the exporters' own, and the
+//! counters its requests move. A leaf of `otlp`: it imports nothing from it.
+//!
+//! The SDK drives export futures outside any tokio runtime (the periodic reader's thread runs
+//! them with `futures_executor::block_on`, the span export thread with
+//! [`ExportRuntime::block_on`]), so each request is spawned onto [`ExportRuntime`], whose worker
+//! also keeps pooled connections serviced between exports; the exporting thread sleeps until
+//! the request's task finishes.
 
 use std::future::Future;
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use opentelemetry_http::HttpError;
+
+/// Most bytes of a collector's reply that are read. A reply is an `Export*ServiceResponse`
+/// (a partial-success count and message); anything longer is not a collector's answer, and
+/// is cut off as a failed export rather than buffered.
+pub const MAX_REPLY_BYTES: usize = 1 << 20;
+
+/// The bound on one export request (connect, send, the whole reply) at export interval
+/// `interval`: the interval, within 100 ms and 10 s.
+pub fn request_timeout(interval: Duration) -> Duration {
+    interval.clamp(Duration::from_millis(100), Duration::from_secs(10))
+}
 
 /// Export counters, shown in `/stats/metrics`.
 #[derive(Debug, Default)]
@@ -44,100 +63,149 @@ pub enum Signal {
     Traces,
 }
 
-/// The exporters' HTTP client: one blocking HTTP/1.1 POST per export, on the caller's thread.
+/// The tokio runtime the exporters' HTTP requests run on: one worker thread, shared by the
+/// metrics and the trace exporter.
 #[derive(Debug)]
-pub struct BlockingHttp {
-    /// Connect, read and write timeout of one export request.
-    pub timeout: Duration,
-    /// Where the outcome of each request is counted.
-    pub counters: Arc<OtlpCounters>,
-    /// The signal it carries.
-    pub signal: Signal,
+pub struct ExportRuntime {
+    handle: tokio::runtime::Handle,
+    /// Always `Some` until dropped; taken in `drop` to shut it down without waiting.
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
-impl BlockingHttp {
-    fn post(&self, req: &http::Request<Bytes>) -> std::io::Result<http::Response<Bytes>> {
-        let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, m.to_string());
-        let uri = req.uri();
-        let authority = uri.authority().ok_or_else(|| bad("no host"))?;
-        let port = authority.port_u16().unwrap_or(80);
-        let addr = (authority.host(), port)
-            .to_socket_addrs()?
-            .next()
-            .ok_or_else(|| bad("host did not resolve"))?;
-        let mut s = TcpStream::connect_timeout(&addr, self.timeout)?;
-        s.set_read_timeout(Some(self.timeout))?;
-        s.set_write_timeout(Some(self.timeout))?;
-        let path = uri.path_and_query().map_or("/", |p| p.as_str());
-        let mut head = format!(
-            "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-length: {}\r\nconnection: close\r\n",
-            req.body().len()
-        );
-        for (k, v) in req.headers() {
-            if let Ok(v) = v.to_str() {
-                head.push_str(&format!("{k}: {v}\r\n"));
-            }
-        }
-        head.push_str("\r\n");
-        s.write_all(head.as_bytes())?;
-        s.write_all(req.body())?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw)?;
-        let status: u16 = std::str::from_utf8(&raw[..raw.len().min(64)])
-            .ok()
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| bad("no status line"))?;
-        let body = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .map_or(Bytes::new(), |i| Bytes::copy_from_slice(&raw[i + 4..]));
-        let mut resp = http::Response::new(body);
-        *resp.status_mut() =
-            http::StatusCode::from_u16(status).map_err(|_| bad("bad status code"))?;
-        Ok(resp)
+impl ExportRuntime {
+    /// Starts the runtime's worker thread.
+    pub fn start() -> std::io::Result<Arc<ExportRuntime>> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            // Name resolution runs on blocking threads; a resolver that hangs must not gather
+            // one thread per export while every export times out.
+            .max_blocking_threads(2)
+            .thread_name("tokenmeter-otlp-http")
+            .enable_all()
+            .build()?;
+        Ok(Arc::new(ExportRuntime {
+            handle: runtime.handle().clone(),
+            runtime: Some(runtime),
+        }))
+    }
+
+    /// Runs `f` to completion on the calling thread, which sleeps while `f` waits. Not for
+    /// use inside an async context (tokio panics there).
+    pub fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.handle.block_on(f)
     }
 }
 
-impl opentelemetry_http::HttpClient for BlockingHttp {
+impl Drop for ExportRuntime {
+    fn drop(&mut self) {
+        // The last export has finished by the time the exporters let go of the runtime; a
+        // name lookup still stuck on a blocking thread must not hold up shutdown.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// The exporters' HTTP client: hyper-util's pooled client, every address a name resolves to
+/// tried in turn, each export request (connect, send, the whole reply) bounded by `timeout`,
+/// and the reply read up to [`MAX_REPLY_BYTES`].
+#[derive(Debug, Clone)]
+pub struct OtlpHttp {
+    client: Client<HttpConnector, Full<Bytes>>,
+    runtime: Arc<ExportRuntime>,
+    timeout: Duration,
+    counters: Arc<OtlpCounters>,
+    signal: Signal,
+}
+
+impl OtlpHttp {
+    /// A client whose requests run on `runtime`, each one bounded by `timeout`, counted in
+    /// `counters` as `signal`'s.
+    pub fn new(
+        runtime: &Arc<ExportRuntime>,
+        timeout: Duration,
+        counters: Arc<OtlpCounters>,
+        signal: Signal,
+    ) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(timeout));
+        connector.set_nodelay(true);
+        OtlpHttp {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            runtime: runtime.clone(),
+            timeout,
+            counters,
+            signal,
+        }
+    }
+
+    fn count(&self, ok: bool) {
+        count(&self.counters, self.signal, ok);
+    }
+}
+
+fn count(c: &OtlpCounters, signal: Signal, ok: bool) {
+    let counter = match (signal, ok) {
+        (Signal::Metrics, true) => &c.exports_ok,
+        (Signal::Metrics, false) => &c.export_failures,
+        (Signal::Traces, true) => &c.span_exports_ok,
+        (Signal::Traces, false) => &c.span_export_failures,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One POST and its reply, bounded in time and size. A non-2xx reply is returned as it is
+/// (the exporter reports its status).
+async fn post(
+    client: Client<HttpConnector, Full<Bytes>>,
+    request: http::Request<Bytes>,
+    timeout: Duration,
+) -> Result<http::Response<Bytes>, HttpError> {
+    let exchange = async move {
+        let resp = client.request(request.map(Full::new)).await?;
+        let (parts, body) = resp.into_parts();
+        let body = Limited::new(body, MAX_REPLY_BYTES).collect().await?;
+        Ok::<_, HttpError>(http::Response::from_parts(parts, body.to_bytes()))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| format!("no complete reply within {timeout:?}"))?
+}
+
+impl opentelemetry_http::HttpClient for OtlpHttp {
     fn send_bytes<'a, 'b>(
         &'a self,
         request: http::Request<Bytes>,
-    ) -> Pin<
-        Box<
-            dyn Future<Output = Result<http::Response<Bytes>, opentelemetry_http::HttpError>>
-                + Send
-                + 'b,
-        >,
-    >
+    ) -> Pin<Box<dyn Future<Output = Result<http::Response<Bytes>, HttpError>> + Send + 'b>>
     where
         'a: 'b,
         Self: 'b,
     {
-        let result = self.post(&request);
-        let ok = matches!(&result, Ok(r) if r.status().is_success());
-        let c = &self.counters;
-        let counter = match (self.signal, ok) {
-            (Signal::Metrics, true) => &c.exports_ok,
-            (Signal::Metrics, false) => &c.export_failures,
-            (Signal::Traces, true) => &c.span_exports_ok,
-            (Signal::Traces, false) => &c.span_export_failures,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        Box::pin(async move { result.map_err(|e| Box::new(e) as opentelemetry_http::HttpError) })
-    }
-}
-
-/// Runs `f` to completion on this thread. The export futures only wait on [`BlockingHttp`],
-/// which has finished its work before it returns, so the first poll normally completes them;
-/// a future that is still pending is polled again every millisecond.
-pub fn block_on<F: Future>(f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(1));
+        let (client, timeout, counters, signal) = (
+            self.client.clone(),
+            self.timeout,
+            self.counters.clone(),
+            self.signal,
+        );
+        // Counted in the task, so the outcome is counted even if the caller stops waiting.
+        let task = self.runtime.handle.spawn(async move {
+            let result = post(client, request, timeout).await;
+            count(
+                &counters,
+                signal,
+                matches!(&result, Ok(r) if r.status().is_success()),
+            );
+            result
+        });
+        Box::pin(async move {
+            match task.await {
+                Ok(result) => result,
+                Err(e) => {
+                    // Cancelled (the runtime shut down) or panicked: the task counted nothing.
+                    self.count(false);
+                    Err(Box::new(e) as HttpError)
+                }
+            }
+        })
     }
 }
