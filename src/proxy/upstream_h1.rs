@@ -5,8 +5,8 @@
 //! Why not hyper's client connection: hyper reads the socket in its connection future and hands
 //! each body frame to the response body through a channel. Driving that future from the client's
 //! own task (the previous design) still cost a channel hand-off per frame and kept a dispatch
-//! channel and two 8 KiB buffers per connection (`benches/RESULTS.md`, "Round 3, eighth
-//! session"). Parsing is not ours: heads and trailers are parsed by `httparse`, hyper's own
+//! channel and two fixed-size buffers per connection (`benches/overhead.rs` and
+//! `benches/stream_memory.rs` measure CPU per event and memory per stream). Parsing is not ours: heads and trailers are parsed by `httparse`, hyper's own
 //! parser. What is ours is the framing of RFC 9112 §6.3 and §7.1 (content length, chunked, read
 //! until close) and the keep-alive rules, which the tests in `upstream_h1_tests.rs` hold to.
 
@@ -20,7 +20,9 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Frame;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWrite;
+#[cfg(test)]
+use tokio::io::AsyncWriteExt;
 
 use super::headers::list_elements;
 
@@ -40,9 +42,9 @@ const MAX_TRAILER_BYTES: usize = 16 * 1024;
 const MAX_INTERIM_RESPONSES: usize = 16;
 /// A read is made with at least this much room; below it the buffer grows by the read step.
 const MIN_READ: usize = 1024;
-/// What the buffer first grows by. One SSE event of vLLM's is a few hundred bytes: 2 KiB holds
-/// several, and is what an open stream keeps (4 KiB cost 3.6 KiB more RSS per stream at 9,950
-/// streams, `benches/RESULTS.md`, for no measurable CPU).
+/// What the buffer first grows by. One SSE event of vLLM's is a few hundred bytes: this holds
+/// several, and is what an open stream keeps, so it is kept small (the overhead benchmark's ramp
+/// measures memory per stream against it).
 const READ_STEP: usize = 2048;
 /// The largest read step. A read that fills a whole step doubles the step up to this, so a
 /// large body (embeddings, a long non-streamed answer) is read in a few system calls, as hyper's
@@ -538,11 +540,12 @@ fn frame_head(mut response: Response<()>, method: &Method) -> Result<Head, H1Err
         // hyper refuses it too.
         return Err(H1Error::Invalid("HTTP/1.0 response with transfer-encoding"));
     }
-    let keep_alive = if response.version() == Version::HTTP_10 {
-        has_token(headers, &header::CONNECTION, "keep-alive")
-    } else {
-        !has_token(headers, &header::CONNECTION, "close")
-    };
+    // RFC 9112 §9.3: `close` ends the connection whatever else `Connection` lists; HTTP/1.0 keeps
+    // it only when asked to.
+    let close = has_token(headers, &header::CONNECTION, "close");
+    let keep_alive = !close
+        && (response.version() != Version::HTTP_10
+            || has_token(headers, &header::CONNECTION, "keep-alive"));
     let (framing, reusable) = if status == StatusCode::SWITCHING_PROTOCOLS {
         (Framing::Done, false)
     } else if method == Method::HEAD
@@ -634,7 +637,12 @@ fn chunk_size(line: &[u8]) -> Result<(u64, usize), H1Error> {
         .iter()
         .position(|b| !b.is_ascii_hexdigit())
         .unwrap_or(line.len());
-    if digits_end == 0 || digits_end > 16 {
+    // Leading zeros are digits too (`1*HEXDIG`); what is left must fit 64 bits.
+    let zeros = line[..digits_end]
+        .iter()
+        .take_while(|&&b| b == b'0')
+        .count();
+    if digits_end == 0 || digits_end - zeros > 16 {
         return Err(invalid_size());
     }
     let rest = &line[digits_end..];
