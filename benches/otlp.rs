@@ -8,7 +8,7 @@
 //!    recording thread (recording its GenAI histograms), per record. Off, the observer is not
 //!    installed at all, so the data path pays nothing. With traces the recording thread also
 //!    builds the span and queues it for the span export thread.
-//! 2. **End to end, in process**: three real proxies (`proxy::spawn`, access log and metering
+//! 2. **End to end, in process**: three real proxies (`app::spawn`, access log and metering
 //!    on) in front of one raw-socket upstream answering a short stream with usage at once: one
 //!    without `otlp_endpoint`, one exporting metrics and one metrics and traces (to a local
 //!    receiver answering 200, every second). A raw-socket keep-alive client goes round the three
@@ -227,7 +227,7 @@ fn end_to_end(rt: &tokio::runtime::Runtime, rounds: usize, per_round: usize) -> 
             otlp_traces: traces,
             ..Default::default()
         };
-        rt.block_on(tokenmeter::proxy::spawn(config, Vec::new()))
+        rt.block_on(tokenmeter::app::spawn(config, Vec::new()))
             .unwrap()
     };
     let arms = [

@@ -238,7 +238,7 @@ fn main() {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        tokenmeter::proxy::spawn(config, Vec::new()).await.unwrap()
+        tokenmeter::app::spawn(config, Vec::new()).await.unwrap()
     });
     let addr = proxy.addr().to_string();
     let me = std::env::current_exe().unwrap();

@@ -8,7 +8,7 @@
 //! 1. **Stages in isolation**: each piece of `proxy::forward`'s work before the upstream request,
 //!    called through the library with the same inputs the proxy sees, timed per call (median of 15
 //!    batches, the cost of reading the clock subtracted).
-//! 2. **End to end, in process**: the real proxy (`proxy::spawn`, access log and metering on) in
+//! 2. **End to end, in process**: the real proxy (`app::spawn`, access log and metering on) in
 //!    front of a raw-socket upstream that stamps when the request arrives and when it answers. A
 //!    raw-socket client stamps send and first byte. From CLOCK_MONOTONIC on every side:
 //!    request path = upstream saw the request − client sent it; response path = client got the
@@ -357,7 +357,7 @@ fn end_to_end(rt: &tokio::runtime::Runtime, n: usize) -> Vec<(String, f64)> {
         ..Default::default()
     };
     let proxy = rt
-        .block_on(tokenmeter::proxy::spawn(config, Vec::new()))
+        .block_on(tokenmeter::app::spawn(config, Vec::new()))
         .unwrap();
     let px = proxy.addr();
     let mut out = Vec::new();

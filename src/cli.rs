@@ -53,7 +53,7 @@ pub enum Command {
 /// Runs the parsed command line to completion.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve(args) => crate::proxy::serve_cli::run_cli(args).await,
+        Command::Serve(args) => crate::app::serve_cli::run_cli(args).await,
         Command::Demo(args) => crate::demo::run_cli(args).await,
         Command::Sim(args) => crate::sim::run_cli(args).await,
         Command::Load(args) => crate::load::run_cli(args).await,

@@ -91,7 +91,7 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
         upstream_metrics_url: Some("auto".into()),
         ..ServeConfig::default()
     };
-    let proxy = crate::proxy::spawn(config, Vec::new()).await?;
+    let proxy = crate::app::spawn(config, Vec::new()).await?;
     let base = format!("http://{}", proxy.addr());
     tracing::info!("simulator (vLLM stand-in) listening on {}", sim.addr());
     tracing::info!("listening on {}", proxy.addr());

@@ -4,6 +4,7 @@
 
 pub mod access_log;
 pub mod analyze;
+pub mod app;
 pub mod cli;
 pub mod clock;
 pub mod config;

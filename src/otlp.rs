@@ -49,13 +49,10 @@ const TPOT_BUCKETS: [f64; 13] = [
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 ];
 
-/// The GenAI operation name of a generation request.
+/// The GenAI operation name of a generation request (its API's; records reach the exporter only
+/// for generation requests, which always have one).
 fn operation(r: &RequestRecord) -> &'static str {
-    if r.path.ends_with("/chat/completions") {
-        "chat"
-    } else {
-        "text_completion"
-    }
+    r.api.map_or("chat", crate::dialect::Api::otel_operation)
 }
 
 /// The GenAI instruments.

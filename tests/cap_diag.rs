@@ -196,7 +196,7 @@ async fn sixteen_agents_steps_in_clean_time() {
         upstream: format!("http://{}", sim.addr()),
         ..Default::default()
     };
-    let proxy = tokenmeter::proxy::spawn(config, vec![rec.clone() as Arc<dyn Observer>])
+    let proxy = tokenmeter::app::spawn(config, vec![rec.clone() as Arc<dyn Observer>])
         .await
         .unwrap();
     // The acceptance test's agents, so this replays what it measures.

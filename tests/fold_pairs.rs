@@ -36,7 +36,7 @@ fn every_pair_rebuilds_the_recorded_non_streamed_body_or_is_refused() {
         let api = detect(path).unwrap();
         let (stream, nonstream) = pair(name);
         assert_eq!((stream.status(), nonstream.status()), (200, 200), "{name}");
-        let upgraded = api.dialect().upgrade(request.as_bytes());
+        let upgraded = api.dialect().as_stream(request.as_bytes());
         if FORCED_TOOL.contains(name) {
             let Err(Unfoldable(why)) = upgraded else {
                 panic!("{name}: a request with tools must pass through");
@@ -95,7 +95,7 @@ fn the_forced_tool_streams_would_not_fold_into_the_recorded_answers() {
     ];
     for (name, api, req) in reqs {
         let (stream, _) = pair(name);
-        let mut fold = api.dialect().upgrade(req.as_bytes()).unwrap().unwrap().fold;
+        let mut fold = api.dialect().as_stream(req.as_bytes()).unwrap().unwrap().fold;
         let err = replay(fold.as_mut(), &stream).unwrap_err();
         assert!(
             err.0.contains("tool") || err.0.contains("non-text") || err.0.contains("other than"),

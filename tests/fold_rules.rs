@@ -8,7 +8,7 @@ use tokenmeter::dialect::Api;
 use tokenmeter::fold::{Folded, Unfoldable};
 
 fn refused(api: Api, body: &str) -> &'static str {
-    match api.dialect().upgrade(body.as_bytes()) {
+    match api.dialect().as_stream(body.as_bytes()) {
         Err(Unfoldable(why)) => why,
         Ok(Some(_)) => panic!("{body} was upgraded"),
         Ok(None) => panic!("{body} is not a non-streamed request"),
@@ -16,7 +16,7 @@ fn refused(api: Api, body: &str) -> &'static str {
 }
 
 fn upgraded(api: Api, body: &str) -> serde_json::Value {
-    let up = api.dialect().upgrade(body.as_bytes()).unwrap().unwrap();
+    let up = api.dialect().as_stream(body.as_bytes()).unwrap().unwrap();
     serde_json::from_slice(&up.body).unwrap()
 }
 
@@ -59,7 +59,7 @@ fn streamed_requests_are_left_alone() {
     for api in Api::ALL {
         assert!(api
             .dialect()
-            .upgrade(br#"{"stream":true}"#)
+            .as_stream(br#"{"stream":true}"#)
             .unwrap()
             .is_none());
     }
@@ -174,7 +174,7 @@ fn what_cannot_be_proven_passes_through_with_its_reason() {
 fn fold_chat(req: &str, events: &[&str]) -> Result<Folded, Unfoldable> {
     let mut fold = Api::Chat
         .dialect()
-        .upgrade(req.as_bytes())
+        .as_stream(req.as_bytes())
         .unwrap()
         .unwrap()
         .fold;
@@ -261,7 +261,7 @@ fn an_error_event_becomes_the_non_streamed_error() {
     );
     let mut m = Api::Messages
         .dialect()
-        .upgrade(br#"{"messages":[]}"#)
+        .as_stream(br#"{"messages":[]}"#)
         .unwrap()
         .unwrap()
         .fold;
@@ -280,7 +280,7 @@ fn an_error_event_becomes_the_non_streamed_error() {
 fn held_bytes_follow_the_text_kept() {
     let mut fold = Api::Chat
         .dialect()
-        .upgrade(br#"{"messages":[]}"#)
+        .as_stream(br#"{"messages":[]}"#)
         .unwrap()
         .unwrap()
         .fold;

@@ -5,38 +5,12 @@
 //! `upstreams`) and `routing` are among those needing a restart: each replica's meter, scraper,
 //! health slot and routing counters are built at start, and the running list keeps serving.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
-use crate::config::{ServeConfig, UsersConfig};
+use crate::config::ServeConfig;
 use crate::meter::StatsToken;
+use crate::proxy::LiveUsers;
 use crate::tls::ListenerTls;
-
-/// The user settings requests read, replaceable while serving.
-#[derive(Debug)]
-pub struct LiveUsers(RwLock<Arc<UsersConfig>>);
-
-impl LiveUsers {
-    /// Starts with `users`.
-    pub fn new(users: UsersConfig) -> LiveUsers {
-        LiveUsers(RwLock::new(Arc::new(users)))
-    }
-
-    /// The current settings (one reference-count increment per request).
-    pub fn get(&self) -> Arc<UsersConfig> {
-        match self.0.read() {
-            Ok(g) => g.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    fn set(&self, users: UsersConfig) {
-        let users = Arc::new(users);
-        match self.0.write() {
-            Ok(mut g) => *g = users,
-            Err(poisoned) => *poisoned.into_inner() = users,
-        }
-    }
-}
 
 /// What a reload did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -2,34 +2,34 @@
 //! `data: [DONE]`, read by the skimmer in [`crate::openai`] (the fast path for vLLM's events).
 
 use super::{Api, Dialect, EventMemo, EventSummary, StreamUsage};
-use crate::fold::{Unfoldable, Upgrade};
+use crate::fold::{AsStream, Unfoldable};
 
 /// An OpenAI-style API. Chat completions and text completions read the same events and bodies
 /// (through [`openai_event`]); they differ only in their path, their [`Api`] and their fold.
 pub struct OpenAiStyle {
     api: Api,
     path_suffix: &'static str,
-    upgrade: fn(&[u8]) -> Result<Option<Upgrade>, Unfoldable>,
+    as_stream: fn(&[u8]) -> Result<Option<AsStream>, Unfoldable>,
 }
 
 impl OpenAiStyle {
-    /// The reader of `api`, for paths ending in `path_suffix`, folding with `upgrade`.
+    /// The reader of `api`, for paths ending in `path_suffix`, folding with `as_stream`.
     pub(super) const fn new(
         api: Api,
         path_suffix: &'static str,
-        upgrade: fn(&[u8]) -> Result<Option<Upgrade>, Unfoldable>,
+        as_stream: fn(&[u8]) -> Result<Option<AsStream>, Unfoldable>,
     ) -> Self {
         OpenAiStyle {
             api,
             path_suffix,
-            upgrade,
+            as_stream,
         }
     }
 }
 
 /// The chat completions reader.
 pub const CHAT: OpenAiStyle =
-    OpenAiStyle::new(Api::Chat, "/chat/completions", crate::fold::chat::upgrade);
+    OpenAiStyle::new(Api::Chat, "/chat/completions", crate::fold::chat::as_stream);
 
 impl Dialect for OpenAiStyle {
     fn api(&self) -> Api {
@@ -61,8 +61,8 @@ impl Dialect for OpenAiStyle {
         openai_body(body)
     }
 
-    fn upgrade(&self, body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
-        (self.upgrade)(body)
+    fn as_stream(&self, body: &[u8]) -> Result<Option<AsStream>, Unfoldable> {
+        (self.as_stream)(body)
     }
 }
 

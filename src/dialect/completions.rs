@@ -8,7 +8,7 @@ use super::Api;
 pub const COMPLETIONS: OpenAiStyle = OpenAiStyle::new(
     Api::Completions,
     "/v1/completions",
-    crate::fold::completions::upgrade,
+    crate::fold::completions::as_stream,
 );
 
 #[cfg(test)]

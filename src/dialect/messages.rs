@@ -143,11 +143,11 @@ impl Dialect for Messages {
         })
     }
 
-    fn upgrade(
+    fn as_stream(
         &self,
         body: &[u8],
-    ) -> Result<Option<crate::fold::Upgrade>, crate::fold::Unfoldable> {
-        crate::fold::messages::upgrade(body)
+    ) -> Result<Option<crate::fold::AsStream>, crate::fold::Unfoldable> {
+        crate::fold::messages::as_stream(body)
     }
 }
 

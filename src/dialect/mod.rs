@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use crate::fold::{Unfoldable, Upgrade};
+use crate::fold::{AsStream, Unfoldable};
 pub use crate::openai::EventMemo;
 use crate::openai::ServerTimings;
 
@@ -50,6 +50,26 @@ impl Api {
     /// The API of a logged name (`as_str`'s inverse).
     pub fn from_name(name: &str) -> Option<Api> {
         Api::ALL.into_iter().find(|a| a.as_str() == name)
+    }
+
+    /// The route its requests go to (what `load` sends and `sim` serves).
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+            Api::Responses => "/v1/responses",
+            Api::Messages => "/v1/messages",
+        }
+    }
+
+    /// The OpenTelemetry GenAI operation name (`gen_ai.operation.name`, one of its well-known
+    /// values): the conversational APIs are `chat`, the legacy prompt-in, text-out one
+    /// `text_completion`.
+    pub fn otel_operation(self) -> &'static str {
+        match self {
+            Api::Chat | Api::Responses | Api::Messages => "chat",
+            Api::Completions => "text_completion",
+        }
     }
 
     /// This API's reader.
@@ -153,7 +173,7 @@ pub trait Dialect: Send + Sync + 'static {
     /// place of the non-streamed `body`, with the fold that rebuilds vLLM's non-streamed answer
     /// from the stream (`crate::fold`, one file per API), or why the request must pass through
     /// unchanged. `Ok(None)` for a request that streams already.
-    fn upgrade(&self, _body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
+    fn as_stream(&self, _body: &[u8]) -> Result<Option<AsStream>, Unfoldable> {
         Err(Unfoldable("this API has no fold"))
     }
 }
@@ -191,6 +211,7 @@ mod tests {
         assert_eq!(detect("/v1/xmessages"), None);
         for api in Api::ALL {
             assert_eq!(api.dialect().api(), api);
+            assert_eq!(detect(api.path()), Some(api));
         }
         assert_eq!(DIALECTS.len(), Api::ALL.len());
     }

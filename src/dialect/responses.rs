@@ -145,11 +145,11 @@ impl Dialect for Responses {
         })
     }
 
-    fn upgrade(
+    fn as_stream(
         &self,
         body: &[u8],
-    ) -> Result<Option<crate::fold::Upgrade>, crate::fold::Unfoldable> {
-        crate::fold::responses::upgrade(body)
+    ) -> Result<Option<crate::fold::AsStream>, crate::fold::Unfoldable> {
+        crate::fold::responses::as_stream(body)
     }
 }
 

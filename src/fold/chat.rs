@@ -1,4 +1,4 @@
-//! Chat completions: which non-streamed requests may be upgraded, and the fold that rebuilds
+//! Chat completions: which non-streamed requests may be sent as streams, and the fold that rebuilds
 //! vLLM 0.32's `chat.completion` object from its `chat.completion.chunk` stream.
 
 use serde::Deserialize;
@@ -6,13 +6,13 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{
-    choices_asked, first_asking, is_null, openai_error, push_raw_or_null, pyjson, string_inner,
-    upgrade_request, Fold, Folded, Unfoldable, Upgrade,
+    as_stream_request, choices_asked, first_asking, is_null, openai_error, push_raw_or_null,
+    pyjson, string_inner, AsStream, Fold, Folded, Unfoldable,
 };
 
 /// A non-streamed chat request as a stream with its fold, or why it must pass through.
-pub fn upgrade(body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
-    upgrade_request(body, refusal, true, |req| Box::new(ChatFold::new(req)))
+pub fn as_stream(body: &[u8]) -> Result<Option<AsStream>, Unfoldable> {
+    as_stream_request(body, refusal, true, |req| Box::new(ChatFold::new(req)))
 }
 
 /// Why a chat request must pass through unchanged, if it must.
@@ -21,7 +21,7 @@ pub fn upgrade(body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
 /// show the answers differ (a call cut by the token limit stays text non-streamed, becomes a
 /// parsed call streamed). Token ids, prompt logprobs, echo and beam search change what the
 /// stream carries in ways no recording shows. `stream_options` without `stream` is an error
-/// non-streamed that the upgrade would turn into a success.
+/// non-streamed that sending it as a stream would turn into a success.
 pub(crate) fn refusal(req: &Map<String, Value>) -> Option<&'static str> {
     if let Some(k) = first_asking(req, &["tools", "tool_choice", "functions", "function_call"]) {
         return Some(match k {

@@ -1,4 +1,4 @@
-//! Completions: which non-streamed requests may be upgraded, and the fold that rebuilds
+//! Completions: which non-streamed requests may be sent as streams, and the fold that rebuilds
 //! vLLM 0.32's `text_completion` object from its stream.
 
 use serde::Deserialize;
@@ -7,13 +7,13 @@ use serde_json::{Map, Value};
 
 use super::chat::{Header, StreamEnd};
 use super::{
-    choices_asked, first_asking, is_null, push_raw_or_null, string_inner, upgrade_request, Fold,
-    Folded, Unfoldable, Upgrade,
+    as_stream_request, choices_asked, first_asking, is_null, push_raw_or_null, string_inner,
+    AsStream, Fold, Folded, Unfoldable,
 };
 
 /// A non-streamed completions request as a stream with its fold, or why it must pass through.
-pub fn upgrade(body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
-    upgrade_request(body, refusal, true, |req| {
+pub fn as_stream(body: &[u8]) -> Result<Option<AsStream>, Unfoldable> {
+    as_stream_request(body, refusal, true, |req| {
         Box::new(CompletionsFold::new(req))
     })
 }

@@ -1,4 +1,4 @@
-//! Anthropic Messages: which non-streamed requests may be upgraded, and the fold that rebuilds
+//! Anthropic Messages: which non-streamed requests may be sent as streams, and the fold that rebuilds
 //! vLLM 0.32's `message` object from its event stream.
 //!
 //! vLLM writes the non-streamed message without its null members (`stop_sequence` is absent
@@ -9,11 +9,11 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{first_asking, string_inner, upgrade_request, Fold, Folded, Unfoldable, Upgrade};
+use super::{as_stream_request, first_asking, string_inner, AsStream, Fold, Folded, Unfoldable};
 
 /// A non-streamed Messages request as a stream with its fold, or why it must pass through.
-pub fn upgrade(body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
-    upgrade_request(body, refusal, false, |_| Box::<MessagesFold>::default())
+pub fn as_stream(body: &[u8]) -> Result<Option<AsStream>, Unfoldable> {
+    as_stream_request(body, refusal, false, |_| Box::<MessagesFold>::default())
 }
 
 /// Why a Messages request must pass through unchanged, if it must: tools (the recorded forced-tool

@@ -3,7 +3,7 @@
 //! the request as the client wrote it.
 //!
 //! Two halves per API, each in that API's file:
-//! - the *rule*: which requests may be upgraded. It is decided before anything is sent, so it
+//! - the *rule*: which requests may be sent as streams. It is decided before anything is sent, so it
 //!   only admits requests whose streamed answer is known to rebuild into vLLM's non-streamed one
 //!   (README, "TTFT for non-streamed requests", lists what is refused and why);
 //! - the *fold*: a pure accumulator fed the stream's SSE events, holding only what the answer
@@ -11,7 +11,7 @@
 //!   with the same members in the same order. Anything in the stream it does not know stops it
 //!   ([`Unfoldable`]): the proxy then asks vLLM again, non-streamed, instead of guessing.
 //!
-//! Each API's dialect (`crate::dialect`) offers its file's `upgrade` as `Dialect::upgrade`: adding
+//! Each API's dialect (`crate::dialect`) offers its file's `as_stream` as `Dialect::as_stream`: adding
 //! an API is one file here and that one method in its dialect.
 
 pub mod chat;
@@ -28,7 +28,7 @@ use serde_json::{Map, Value};
 pub struct Unfoldable(pub &'static str);
 
 /// A non-streamed request turned into a streamed one.
-pub struct Upgrade {
+pub struct AsStream {
     /// The request body to send upstream instead of the client's.
     pub body: Bytes,
     /// The fold that rebuilds the client's answer from the stream.
@@ -64,12 +64,12 @@ pub trait Fold: Send {
 /// the streamed request to send instead with the fold that will rebuild its answer, or why the
 /// request must pass through unchanged. `ask_usage`: the API sends usage in a stream only when
 /// asked (chat, completions). `Ok(None)`: the request streams already (nothing to do).
-pub(crate) fn upgrade_request(
+pub(crate) fn as_stream_request(
     body: &[u8],
     refusal: fn(&Map<String, Value>) -> Option<&'static str>,
     ask_usage: bool,
     fold: fn(&Map<String, Value>) -> Box<dyn Fold>,
-) -> Result<Option<Upgrade>, Unfoldable> {
+) -> Result<Option<AsStream>, Unfoldable> {
     let Ok(Value::Object(mut req)) = serde_json::from_slice::<Value>(body) else {
         return Err(Unfoldable("request body is not a JSON object"));
     };
@@ -89,7 +89,7 @@ pub(crate) fn upgrade_request(
         req.insert("stream_options".into(), Value::Object(opts));
     }
     let out = serde_json::to_vec(&req).map_err(|_| Unfoldable("request not writable"))?;
-    Ok(Some(Upgrade {
+    Ok(Some(AsStream {
         body: Bytes::from(out),
         fold,
     }))

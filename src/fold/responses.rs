@@ -1,4 +1,4 @@
-//! OpenAI Responses: which non-streamed requests may be upgraded, and the fold that rebuilds
+//! OpenAI Responses: which non-streamed requests may be sent as streams, and the fold that rebuilds
 //! vLLM 0.32's `response` object from its event stream.
 //!
 //! vLLM's terminal `response.completed` event carries the whole response object, member for
@@ -10,11 +10,11 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{first_asking, pyjson, upgrade_request, Fold, Folded, Unfoldable, Upgrade};
+use super::{as_stream_request, first_asking, pyjson, AsStream, Fold, Folded, Unfoldable};
 
 /// A non-streamed Responses request as a stream with its fold, or why it must pass through.
-pub fn upgrade(body: &[u8]) -> Result<Option<Upgrade>, Unfoldable> {
-    upgrade_request(body, refusal, false, |_| Box::<ResponsesFold>::default())
+pub fn as_stream(body: &[u8]) -> Result<Option<AsStream>, Unfoldable> {
+    as_stream_request(body, refusal, false, |_| Box::<ResponsesFold>::default())
 }
 
 /// Why a Responses request must pass through unchanged, if it must: tools (the recorded

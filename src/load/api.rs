@@ -46,12 +46,7 @@ pub fn parse_api_list(s: &str) -> Result<ApiList, String> {
 
 /// The route requests of `api` go to.
 pub fn path(api: Api) -> &'static str {
-    match api {
-        Api::Chat => "/v1/chat/completions",
-        Api::Completions => "/v1/completions",
-        Api::Responses => "/v1/responses",
-        Api::Messages => "/v1/messages",
-    }
+    api.path()
 }
 
 /// Anthropic clients send their key as `x-api-key` (with `anthropic-version`); the others as

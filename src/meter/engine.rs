@@ -15,7 +15,7 @@ use super::labels::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
 use super::levels::{GuardKey, LevelAttribution};
 use super::prometheus::{PromState, Slot};
 use super::scope::Scope;
-use super::scopes::{ScopeSlot, Scopes};
+use super::scope_slots::{ScopeSlot, Scopes};
 use super::timeline::{generation_interval, second_of};
 
 #[derive(Debug, Clone)]

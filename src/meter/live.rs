@@ -18,7 +18,7 @@ use crate::scrape::ServerSample;
 
 use super::config::MeterConfig;
 use super::engine::Meter;
-use super::series::Timeline;
+use super::recent_seconds::Timeline;
 use super::snapshot::{AccessLogView, SnapshotError, SnapshotQuery, StatsSnapshot};
 
 enum Event {
@@ -107,7 +107,8 @@ impl Bound {
 pub struct MeterHandle {
     tx: mpsc::UnboundedSender<Event>,
     /// The meter thread, woken for queries only: waking it for every token event cost a futex
-    /// call and a context switch per streamed chunk (about 8 µs of CPU per event, measured).
+    /// call and a context switch per streamed chunk (`benches/overhead.rs` measures the CPU per
+    /// event).
     thread: Option<Thread>,
     bound: Arc<Bound>,
 }
@@ -171,7 +172,7 @@ fn start(
     let mut meter = Meter::new(config, origin);
     // A thread of its own, not a task: as one task among thousands of busy connections, the
     // meter would get one cooperative budget of events per scheduler round and fall behind the
-    // events it is sent, and `/stats` would queue behind that backlog (seen at 2,000 streams).
+    // events it is sent, and `/stats` would queue behind that backlog under many streams.
     // It never registers a waker on the channel (try_recv only), so senders never wake it; it
     // drains on a timer and whenever a query unparks it.
     let mut interval = DRAIN_INTERVAL;

@@ -3,7 +3,7 @@
 //!
 //! The pure pieces ([`histogram`], [`timeline`], [`capacity`], [`replay`]) carry no live or async
 //! concern and are shared with `analyze`. [`Meter`] is the single-threaded core (time passed in);
-//! [`live`] runs it in one task behind a [`MeterHandle`]; [`http`] serves it.
+//! [`live`] runs it on a thread of its own behind a [`MeterHandle`]; [`http`] serves it.
 
 pub mod capacity;
 pub mod config;
@@ -17,11 +17,11 @@ pub mod levels;
 pub mod live;
 pub mod process;
 pub mod prometheus;
+pub mod recent_seconds;
 pub mod replay;
 pub mod ring;
 pub mod scope;
-mod scopes;
-pub mod series;
+mod scope_slots;
 pub mod snapshot;
 mod stats;
 pub mod summary;

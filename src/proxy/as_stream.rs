@@ -23,7 +23,7 @@ use crate::sse::SseScanner;
 /// The record's `ttft_source` for an answer rebuilt from an upstream stream.
 pub const TTFT_SOURCE: &str = "upstream_stream";
 
-/// How reading the upgraded stream ended.
+/// How reading the stream sent in place of a non-streamed request ended.
 pub enum Collected {
     /// The stream folded into the client's answer (or into vLLM's non-streamed error).
     Answer(Folded),

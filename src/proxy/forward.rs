@@ -16,6 +16,7 @@ use crate::dialect::{Dialect, StreamUsage};
 use crate::error::ProxyError;
 use crate::fleet::{Load, Upstreams};
 use crate::fold::Fold;
+use crate::proxy::as_stream;
 use crate::proxy::body::{MeteredBody, Reading};
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity::{self, Clues};
@@ -24,7 +25,6 @@ use crate::proxy::request::{inject_include_usage, RequestInfo};
 use crate::proxy::sniff::Verdict;
 use crate::proxy::state::ProxyState;
 use crate::proxy::tracker::{RequestMeta, Tracker};
-use crate::proxy::upgrade;
 use crate::proxy::upstream_error::classify_client_error;
 use crate::proxy::ProxyBody;
 use crate::record::Outcome;
@@ -75,10 +75,10 @@ pub async fn handle(
         }
     }
     let mut request_id = None;
-    // Boxed: the request's own state (tracker, head, body, the upgrade's fold) lives only until
+    // Boxed: the request's own state (tracker, head, body, the fold of a request sent as a stream) lives only until
     // the response head is ready, while the connection's task, which would otherwise hold room
-    // for it inline, lives as long as the connection (~9 KiB per open stream, counted with
-    // benches/stream_memory.rs).
+    // for it inline, lives as long as the connection (`benches/stream_memory.rs` counts what
+    // that costs per open stream).
     let mut resp = Box::pin(forward(&state, req, remote, t0, &mut request_id)).await;
     if let Some(id) = request_id {
         resp.headers_mut()
@@ -198,7 +198,7 @@ async fn forward(
 
     let mut upstream_body = body.clone();
     let mut strip_usage = false;
-    let mut upgraded: Option<(Box<dyn Fold>, &'static dyn Dialect)> = None;
+    let mut as_stream: Option<(Box<dyn Fold>, &'static dyn Dialect)> = None;
     if let Some(api) = api {
         let info = RequestInfo::parse(&body);
         // Only the body's `user` can change the answer given before the body was read.
@@ -224,10 +224,10 @@ async fn forward(
         }
         // Streamed requests are never touched (nor their bodies read again).
         if metered && cfg.ttft_for_non_streamed.enabled(api) && info.stream != Some(true) {
-            match api.dialect().upgrade(&body) {
+            match api.dialect().as_stream(&body) {
                 Ok(Some(up)) => {
                     upstream_body = up.body;
-                    upgraded = Some((up.fold, api.dialect()));
+                    as_stream = Some((up.fold, api.dialect()));
                 }
                 Ok(None) => {}
                 Err(why) => tracker.set_ttft_fallback(why.0),
@@ -265,8 +265,8 @@ async fn forward(
             headers.insert(header::AUTHORIZATION, v);
         }
     }
-    // An upgraded request may have to be sent again as the client wrote it: keep its head.
-    let upgraded = upgraded
+    // A request sent as a stream may have to be sent again as the client wrote it: keep its head.
+    let as_stream = as_stream
         .map(|(fold, dialect)| (fold, dialect, parts.method.clone(), parts.headers.clone()));
     // Where the last attempt went: its URI, `Host` and replica (a fallback resend goes there).
     let mut last_target: Option<(Uri, HeaderValue, usize)>;
@@ -353,27 +353,27 @@ async fn forward(
     tracker.commit_upstream(now);
     let mut resp = resp;
     if let (Some((mut fold, dialect, method, headers)), Some((uri, host, index))) =
-        (upgraded, last_target)
+        (as_stream, last_target)
     {
         // vLLM's errors before the stream starts (400, 404 JSON) pass through as they are.
         if resp.status() == StatusCode::OK
             && content_type_starts(resp.headers(), "text/event-stream")
         {
             let (mut rparts, rbody) = resp.into_parts();
-            let limits = upgrade::Limits {
+            let limits = as_stream::Limits {
                 idle: std::time::Duration::from_millis(cfg.timeouts.body_idle_ms),
                 max_event_bytes: cfg.max_sse_event_bytes,
                 max_held_bytes: cfg.max_response_scan_bytes,
             };
-            match upgrade::collect(rbody, dialect, fold.as_mut(), &mut tracker, &limits).await {
-                upgrade::Collected::Answer(answer) => {
+            match as_stream::collect(rbody, dialect, fold.as_mut(), &mut tracker, &limits).await {
+                as_stream::Collected::Answer(answer) => {
                     strip_hop_by_hop(&mut rparts.headers);
-                    return upgrade::respond(rparts, answer, tracker);
+                    return as_stream::respond(rparts, answer, tracker);
                 }
-                upgrade::Collected::Failed(err, outcome, why) => {
+                as_stream::Collected::Failed(err, outcome, why) => {
                     return respond_error(tracker, err, outcome, why)
                 }
-                upgrade::Collected::Fallback(why) => {
+                as_stream::Collected::Fallback(why) => {
                     // The stream was dropped (vLLM aborts it); ask again as the client asked.
                     tracker.restart_for_fallback(why);
                     let mut again = Request::new(body.clone());

@@ -1,66 +1,149 @@
-//! `tokenmeter serve`: the proxy's handle, its start (the shared state, the listeners, the admin
-//! stats thread) and its shutdown; the serving threads and the acceptor are in `serving.rs`.
+//! The proxy: it forwards each request to an upstream replica and meters it on the way (the
+//! serving threads, one request's trip, the response body, the upstream connections). It is
+//! handed what it reports to ([`Observer`]s, the `/stats` router) and depends on no exporter;
+//! the running program is put together in `app`.
 
+mod as_stream;
 mod body;
 mod forward;
 mod headers;
 pub mod identity;
 mod in_flight;
+mod live_users;
 mod pool;
-pub mod reload;
 pub mod request;
 mod request_id;
-pub mod serve_cli;
 mod serving;
 pub mod sniff;
 mod state;
 mod token_run;
 mod tracker;
-mod upgrade;
 mod upstream_error;
 mod upstream_h1;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use anyhow::Context as _;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use tokio::task::JoinSet;
 
-use serving::{
-    bind_listeners, serve_on_own_thread, serving_threads, supervise, upstream_pool, Background,
-    Serving,
-};
+use serving::{bind_listeners, serve_on_own_thread, serving_threads, supervise, Threads};
 
 pub use body::BoxError;
 pub use headers::strip_hop_by_hop;
 pub use in_flight::InFlight;
+pub use live_users::LiveUsers;
 pub use request_id::RequestId;
+pub use serving::upstream_pool;
 pub use state::ProxyState;
 pub use tracker::{RequestMeta, Tracker, TrackerShared};
 
-use crate::access_log::{self, AccessLogCounters, AccessLogWriter};
-use crate::clock::{Clock, TimeSource};
 use crate::config::ServeConfig;
-use crate::fleet::Upstreams;
-use crate::health::Health;
-use crate::meter::{
-    admin_router, spawn_meter_owned, stats_router, FleetStats, MeterHandle, MeterThread,
-    StatsContext,
-};
-use crate::observe::Observer;
-use crate::scrape::{spawn_scraper, SampleSink, ScrapeConfig, ScrapeCounters};
-use crate::tls::ListenerTls;
+
+/// The proxy's listeners, one per serving thread, bound before anything else starts so that a
+/// taken port fails the start.
+pub struct Listeners {
+    addr: SocketAddr,
+    listeners: Vec<std::net::TcpListener>,
+}
+
+impl Listeners {
+    /// Binds `listen` for the configured number of serving threads.
+    pub fn bind(config: &ServeConfig) -> anyhow::Result<Listeners> {
+        use anyhow::Context as _;
+        let (addr, listeners) = bind_listeners(config.listen_addr()?, serving_threads(config))
+            .with_context(|| format!("binding {}", config.listen))?;
+        Ok(Listeners { addr, listeners })
+    }
+
+    /// The bound address (the port chosen when `listen` asked for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// A step of the shutdown, run once every request has finished.
+pub type AfterDrain = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// What runs beside the serving threads and stops with them.
+#[derive(Default)]
+pub struct Background {
+    /// Scrapers and the model refresh: aborted when shutdown starts.
+    pub tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Run in order once every request has finished (the exporters' last flush, then the
+    /// access log's close).
+    pub after_drain: Vec<AfterDrain>,
+}
+
+/// The serving threads and their supervisor.
+pub struct Proxy {
+    addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+    state: Arc<ProxyState>,
+}
+
+impl Proxy {
+    /// Starts a serving thread on each of `listeners`, serving with `state`; `background` stops
+    /// with them. Must be called on a runtime (the supervisor is spawned on it).
+    pub fn start(
+        listeners: Listeners,
+        state: Arc<ProxyState>,
+        background: Background,
+    ) -> anyhow::Result<Proxy> {
+        let (tx, rx) = oneshot::channel();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let exited = tokio::sync::mpsc::unbounded_channel();
+        let mut threads = Vec::new();
+        for (i, listener) in listeners.listeners.into_iter().enumerate() {
+            threads.push(Some(serve_on_own_thread(
+                i,
+                false,
+                state.clone(),
+                stop_rx.clone(),
+                listener,
+                exited.0.clone(),
+            )?));
+        }
+        let serving = Threads {
+            addr: listeners.addr,
+            threads,
+            exited,
+        };
+        let task = tokio::spawn(supervise(serving, rx, stop_tx, state.clone(), background));
+        Ok(Proxy {
+            addr: listeners.addr,
+            shutdown: Some(tx),
+            task,
+            state,
+        })
+    }
+
+    /// The address the proxy listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The state its requests share.
+    pub fn state(&self) -> &Arc<ProxyState> {
+        &self.state
+    }
+
+    /// Stops accepting, lets in-flight requests finish within the grace period, then runs the
+    /// background's after-drain steps.
+    pub async fn shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
 
 /// The body of every response the proxy sends.
 pub enum ProxyBody {
@@ -69,7 +152,7 @@ pub enum ProxyBody {
     /// A body the proxy wrote itself.
     Full(Option<Bytes>),
     /// A non-streamed answer rebuilt from an upstream stream (`ttft_for_non_streamed`).
-    Answer(Box<upgrade::AnswerBody>),
+    Answer(Box<as_stream::AnswerBody>),
     /// A `/stats*` answer.
     Stats(axum::body::Body),
 }
@@ -123,373 +206,4 @@ pub(crate) async fn stats_response(
         Ok(r) => r.map(ProxyBody::Stats),
         Err(never) => match never {},
     }
-}
-
-/// A running proxy.
-pub struct ProxyHandle {
-    addr: SocketAddr,
-    admin_addr: Option<SocketAddr>,
-    admin_stop: Option<(oneshot::Sender<()>, std::thread::JoinHandle<()>)>,
-    /// The one owner of the meter thread, stopped and joined last at shutdown.
-    meter_thread: Option<MeterThread>,
-    /// The replicas' meter threads (several upstreams), stopped and joined with it.
-    upstream_meter_threads: Vec<MeterThread>,
-    shutdown: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-    log: Option<Arc<AccessLogWriter>>,
-    state: Arc<ProxyState>,
-    counters: Arc<AccessLogCounters>,
-    meter: MeterHandle,
-    reloader: reload::Reloader,
-}
-
-impl ProxyHandle {
-    /// The address the proxy listens on.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// The separate stats address, when configured.
-    pub fn admin_addr(&self) -> Option<SocketAddr> {
-        self.admin_addr
-    }
-
-    /// Generation requests in flight now.
-    pub fn in_flight(&self) -> u64 {
-        self.state.trackers.in_flight.current()
-    }
-
-    /// Where the live dashboard page is: `/` on `admin_listen` when set, else `/stats/ui` on
-    /// the main listener.
-    pub fn dashboard_url(&self) -> String {
-        match self.admin_addr {
-            Some(a) => format!("http://{a}/"),
-            None => format!("http://{}/stats/ui", self.addr),
-        }
-    }
-
-    /// The live meter behind `/stats`.
-    pub fn meter(&self) -> &MeterHandle {
-        &self.meter
-    }
-
-    /// Access-log counters (written, dropped, failed).
-    pub fn access_log_counters(&self) -> Arc<AccessLogCounters> {
-        self.counters.clone()
-    }
-
-    /// Applies the reloadable settings of `new` (as on SIGHUP): API keys, `require_known_key`,
-    /// the stats token, and the TLS certificate files read again. Requests in flight finish
-    /// under the settings they started with.
-    pub fn reload(&self, new: &ServeConfig) -> reload::ReloadReport {
-        self.reloader.apply(new)
-    }
-
-    /// Reopens the access log (as on SIGHUP).
-    pub fn reopen_access_log(&self) {
-        if let Some(l) = &self.log {
-            l.reopen();
-        }
-    }
-
-    /// Stops accepting, lets in-flight requests finish within the grace period, flushes the log.
-    pub async fn shutdown(mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        let _ = (&mut self.task).await;
-        // Bounded waits: a thread that does not end is reported and left, never waited on
-        // forever (the process is exiting anyway).
-        if let Some((stop, thread)) = self.admin_stop.take() {
-            let _ = stop.send(());
-            crate::join::join_within(thread, THREAD_JOIN_WAIT, "tokenmeter-stats").await;
-        }
-        if let Some(meter) = self.meter_thread.take() {
-            meter.stop(THREAD_JOIN_WAIT).await;
-        }
-        for meter in std::mem::take(&mut self.upstream_meter_threads) {
-            meter.stop(THREAD_JOIN_WAIT).await;
-        }
-    }
-}
-
-/// How long shutdown waits for the admin-stats thread and for the meter thread to end.
-const THREAD_JOIN_WAIT: Duration = Duration::from_secs(2);
-
-/// Starts a proxy with `config`; `observers` receive measurements beside the meter and the log.
-pub async fn spawn(
-    config: ServeConfig,
-    observers: Vec<Arc<dyn Observer>>,
-) -> anyhow::Result<ProxyHandle> {
-    spawn_with_time(config, observers, TimeSource::real()).await
-}
-
-/// [`spawn`], measuring on `time`: tests pass [`TimeSource::manual`] and advance it between the
-/// events they script, so TTFT, ITL and durations come out exact. Timeouts stay on real time.
-// Async though it awaits nothing: it binds listeners and spawns the supervisor on the caller's
-// runtime, so it must be called on one, which an `async fn` says in its type.
-#[allow(clippy::unused_async)]
-pub async fn spawn_with_time(
-    config: ServeConfig,
-    mut observers: Vec<Arc<dyn Observer>>,
-    time: TimeSource,
-) -> anyhow::Result<ProxyHandle> {
-    config.validate()?;
-    let (addr, listeners) = bind_listeners(config.listen_addr()?, serving_threads(&config))
-        .with_context(|| format!("binding {}", config.listen))?;
-    let counters = Arc::new(AccessLogCounters::default());
-    let mut log = None;
-    let mut log_sink = None;
-    if let Some(path) = &config.access_log {
-        let (sink, writer) = access_log::spawn(path, config.access_log_buffer, counters.clone())
-            .with_context(|| format!("opening access log {}", path.display()))?;
-        log_sink = Some(sink.clone());
-        observers.push(Arc::new(sink));
-        log = Some(Arc::new(writer));
-    }
-    let tls = match config.tls.files() {
-        Some((cert, key)) => Some(Arc::new(ListenerTls::load(cert, key)?)),
-        None => None,
-    };
-    let connector = crate::tls::upstream_connector(
-        &config.upstream_tls,
-        Duration::from_millis(config.timeouts.connect_ms),
-    )?;
-    let resolved = config.resolved_upstreams()?;
-    let health = Arc::new(Health::with_upstreams(
-        config.readiness_upstream_failure_s,
-        resolved.len(),
-    ));
-    let stats_token =
-        crate::meter::StatsToken::new(config.stats_token.as_ref().map(|s| s.0.as_str()));
-    let users = Arc::new(reload::LiveUsers::new(config.users.clone()));
-    let reloader = reload::Reloader::new(
-        config.clone(),
-        users.clone(),
-        stats_token.clone(),
-        tls.clone(),
-    );
-    let (meter, meter_thread) = spawn_meter_owned(config.meter.clone());
-    observers.push(Arc::new(meter.clone()));
-    let otlp = match config.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
-        Some(endpoint) => {
-            let interval = Duration::from_millis(config.otlp_export_interval_ms);
-            let export = crate::otlp::OtlpExport::start(endpoint, interval, config.otlp_traces)
-                .with_context(|| format!("otlp_endpoint {endpoint}"))?;
-            observers.push(export.clone());
-            Some(export)
-        }
-        None => None,
-    };
-    let upstreams = Arc::new(Upstreams::new(&resolved, &config.routing)?);
-    // With one replica the aggregate meter is that replica's; with several each gets a meter of
-    // its own (windows, capacity curve, cross-check) beside the aggregate.
-    let several = resolved.len() > 1;
-    let (upstream_meters, upstream_meter_threads): (Vec<MeterHandle>, Vec<MeterThread>) = if several
-    {
-        resolved
-            .iter()
-            .map(|_| spawn_meter_owned(config.meter.clone()))
-            .unzip()
-    } else {
-        (Vec::new(), Vec::new())
-    };
-    let mut background = Vec::new();
-    let mut scrape = None;
-    let mut per_upstream_scrape = Vec::new();
-    for u in &resolved {
-        per_upstream_scrape.push(u.metrics.clone().map(|url| {
-            let cfg = ScrapeConfig::new(url, config.metrics_scrape_interval_s);
-            (cfg, Arc::new(ScrapeCounters::default()))
-        }));
-    }
-    if !several {
-        scrape = per_upstream_scrape[0].clone();
-    }
-    // With one replica there is nothing to choose: its model list is never read.
-    if several && config.routing.models_refresh_s > 0.0 {
-        background.push(crate::fleet::models::spawn_model_refresh(
-            upstreams.clone(),
-            connector.clone(),
-            Duration::from_secs_f64(config.routing.models_refresh_s),
-        ));
-    }
-    let stats_ctx = StatsContext {
-        upstream: config.upstream_label(),
-        bearer_token: stats_token.clone(),
-        health: health.clone(),
-        access_log: counters.clone(),
-        started: Clock::global().now(),
-        scrape,
-        otlp: otlp.as_ref().map(|o| o.counters().clone()),
-        fleet: Some(FleetStats {
-            upstreams: upstreams.clone(),
-            meters: upstream_meters.clone(),
-            scrape: per_upstream_scrape.clone(),
-        }),
-        time: time.clone(),
-    };
-    let mut admin_addr = None;
-    let mut admin_stop = None;
-    let main_stats;
-    if let Some(a) = &config.admin_listen {
-        let router = admin_router(meter.clone(), stats_ctx);
-        let admin = std::net::TcpListener::bind(a.parse::<SocketAddr>()?)
-            .with_context(|| format!("binding admin {a}"))?;
-        admin.set_nonblocking(true)?;
-        admin_addr = Some(admin.local_addr()?);
-        main_stats = None;
-        let admin_tls = tls.clone().filter(|_| config.tls.admin);
-        admin_stop = Some(serve_stats_on_own_thread(admin, router, admin_tls)?);
-    } else {
-        main_stats = Some(stats_router(meter.clone(), stats_ctx));
-    }
-    let mut trackers = TrackerShared::new(
-        observers,
-        Duration::from_secs(config.meter.cold_start_idle_s),
-    )
-    .with_time_source(time)
-    // An extra guard closes at a time no event marks: then every event is reported alone.
-    .with_token_coalescing(config.meter.capacity_guard_extra_ms == 0);
-    trackers.per_upstream = upstream_meters
-        .iter()
-        .map(|m| Arc::new(m.clone()) as Arc<dyn Observer>)
-        .collect();
-    let trackers = Arc::new(trackers);
-    for (i, target) in per_upstream_scrape.into_iter().enumerate() {
-        let Some((cfg, counters)) = target else {
-            continue;
-        };
-        let m = upstream_meters.get(i).unwrap_or(&meter).clone();
-        m.enable_server_crosscheck(config.disagreement_threshold_pct);
-        let mut sinks: Vec<SampleSink> = vec![Box::new(move |s| m.server_sample(s.clone()))];
-        // Samples of several replicas in one log would mix in `analyze`'s cross-check.
-        if let (Some(log), false) = (log_sink.clone(), several) {
-            sinks.push(Box::new(move |s| log.server_sample(Arc::new(s.clone()))));
-        }
-        let in_flight: Box<dyn Fn() -> u64 + Send + Sync> = if several {
-            let u = upstreams.list()[i].clone();
-            Box::new(move || u.in_flight())
-        } else {
-            let t = trackers.clone();
-            Box::new(move || t.in_flight.current())
-        };
-        background.push(spawn_scraper(cfg, in_flight, sinks, counters));
-    }
-    let state = Arc::new(ProxyState {
-        upstreams,
-        pool: upstream_pool(&config, connector.clone()),
-        connector,
-        health,
-        tls,
-        request_id_header: http::HeaderName::from_bytes(config.request_id_header.as_bytes())?,
-        users,
-        trackers,
-        stats: main_stats,
-        config,
-    });
-    let (tx, rx) = oneshot::channel();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let exited = tokio::sync::mpsc::unbounded_channel();
-    let mut threads = Vec::new();
-    for (i, listener) in listeners.into_iter().enumerate() {
-        threads.push(Some(serve_on_own_thread(
-            i,
-            false,
-            state.clone(),
-            stop_rx.clone(),
-            listener,
-            exited.0.clone(),
-        )?));
-    }
-    let serving = Serving {
-        addr,
-        threads,
-        exited,
-    };
-    let task = tokio::spawn(supervise(
-        serving,
-        rx,
-        stop_tx,
-        state.clone(),
-        log.clone(),
-        Background {
-            tasks: background,
-            otlp,
-        },
-    ));
-    Ok(ProxyHandle {
-        addr,
-        admin_addr,
-        admin_stop,
-        meter_thread: Some(meter_thread),
-        upstream_meter_threads,
-        shutdown: Some(tx),
-        task,
-        log,
-        state,
-        counters,
-        meter,
-        reloader,
-    })
-}
-
-/// Serves `/stats*` on `listener` from a thread and runtime of its own, so the answer does not
-/// wait behind busy proxy connections (at 2,000 streams on 2 cores the shared runtime delayed it
-/// by tens of milliseconds); through TLS when `tls` is set. Returns the switch that stops it.
-fn serve_stats_on_own_thread(
-    listener: std::net::TcpListener,
-    router: axum::Router,
-    tls: Option<Arc<ListenerTls>>,
-) -> anyhow::Result<(oneshot::Sender<()>, std::thread::JoinHandle<()>)> {
-    let (stop, mut stopped) = oneshot::channel::<()>();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let thread = std::thread::Builder::new()
-        .name("tokenmeter-stats".into())
-        .spawn(move || {
-            runtime.block_on(async move {
-                let Ok(listener) = TcpListener::from_std(listener) else {
-                    return;
-                };
-                let mut conns = JoinSet::new();
-                loop {
-                    let (stream, _) = tokio::select! {
-                        _ = &mut stopped => break,
-                        accepted = listener.accept() => match accepted {
-                            Ok(x) => x,
-                            Err(_) => {
-                                tokio::time::sleep(Duration::from_millis(20)).await;
-                                continue;
-                            }
-                        },
-                    };
-                    while conns.try_join_next().is_some() {}
-                    let svc = hyper_util::service::TowerToHyperService::new(router.clone());
-                    let acceptor = tls.as_ref().map(|t| t.acceptor());
-                    conns.spawn(async move {
-                        let mut builder = http1::Builder::new();
-                        builder.timer(TokioTimer::new());
-                        builder.header_read_timeout(Duration::from_secs(10));
-                        match acceptor {
-                            None => {
-                                let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
-                            }
-                            Some(acceptor) => {
-                                let hs = tokio::time::timeout(
-                                    Duration::from_secs(10),
-                                    acceptor.accept(stream),
-                                );
-                                if let Ok(Ok(tls)) = hs.await {
-                                    let io = TokioIo::new(tls);
-                                    let _ = builder.serve_connection(io, svc).await;
-                                }
-                            }
-                        }
-                    });
-                }
-            });
-        })?;
-    Ok((stop, thread))
 }

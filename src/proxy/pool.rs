@@ -2,9 +2,10 @@
 //! ([`H1Conn`](super::upstream_h1::H1Conn)), kept alive and reused per replica. It replaces
 //! hyper-util's pooled client, whose per-request machinery (a pool shared across runtimes, the
 //! checkout and connect futures raced against each other, and a task spawned per request to hand
-//! the connection back once its response ended) cost 7–10 µs of each request's round trip
-//! (`benches/ttft_breakdown.rs`), and then hyper's own client connection, whose body channel cost
-//! a hand-off per frame (`upstream_h1.rs` says why).
+//! the connection back once its response ended) showed in each request's round trip
+//! (`benches/ttft_breakdown.rs` measures it; the figures are in `docs/performance.md`), and then
+//! hyper's own client connection, whose body channel cost a hand-off per frame (`upstream_h1.rs`
+//! says why).
 //!
 //! No connection has a task of its own. Whoever uses a connection reads it: the request waiting
 //! for its response head, then the response body ([`PooledBody`]), both on the task that serves

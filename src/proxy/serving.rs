@@ -15,13 +15,12 @@ use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinSet;
 
 use super::pool::UpstreamPool;
-use super::{forward, sniff, ProxyState, THREAD_JOIN_WAIT};
-use crate::access_log::AccessLogWriter;
+use super::{forward, sniff, Background, ProxyState};
 use crate::config::ServeConfig;
 use crate::tls::UpstreamConnector;
 
 /// Keep-alive connections to the upstream, for one serving thread.
-pub(super) fn upstream_pool(config: &ServeConfig, connector: UpstreamConnector) -> UpstreamPool {
+pub fn upstream_pool(config: &ServeConfig, connector: UpstreamConnector) -> UpstreamPool {
     UpstreamPool::new(
         connector,
         Duration::from_millis(config.timeouts.pool_idle_ms),
@@ -114,9 +113,10 @@ pub(super) fn serve_on_own_thread(
         .spawn(move || {
             let notice = ExitNotice { index, exited };
             runtime.block_on(async move {
-                // Each thread pools its own upstream connections (a pooled connection's task
-                // lives on the runtime that opened it); the first uses the template's pool, a
-                // replacement never (the pool's tasks died with the thread it replaces).
+                // Each thread pools its own upstream connections (a connection's socket is
+                // registered with the runtime that opened it, and the pool's sweeper runs there);
+                // the first uses the template's pool, a replacement never (the pool's sweeper
+                // died with the thread it replaces).
                 let state = if index == 0 && !replacement {
                     shared
                 } else {
@@ -222,10 +222,8 @@ const PACE: Duration = Duration::from_millis(500);
 /// `epoll_wait`) whenever a timer is armed that is due sooner than every pending one; hyper arms
 /// its head-read timer each time a keep-alive connection waits for its next request, and the
 /// request and body timers are armed per request, so without a nearer timer most requests paid
-/// those two system calls (strace: 200 eventfd writes in 200 streamed requests on one
-/// connection). With this tick pending, no per-request timer is ever the soonest. A tick is not
-/// free either (three `epoll_wait`s and an eventfd write; about 0.2 ms of CPU a second per
-/// ticking thread here, measured on an idle proxy holding keep-alive connections), so after a
+/// those two system calls (an eventfd write per streamed request, seen with strace). With this tick pending, no per-request timer is ever the soonest. A tick is not
+/// free either (three `epoll_wait`s and an eventfd write per tick), so after a
 /// tick with no new request it stops until the next request: an idle proxy's serving threads
 /// sleep, whether or not clients keep connections open, and only the first request after a quiet
 /// tick pays the two system calls.
@@ -280,16 +278,8 @@ fn connection_builder(cfg: &ServeConfig) -> http1::Builder {
     builder
 }
 
-/// What runs beside the serving threads and stops with them.
-pub(super) struct Background {
-    /// Scrapers and the model refresh: aborted when shutdown starts.
-    pub(super) tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// The OTLP exporter: flushed once every request has finished.
-    pub(super) otlp: Option<Arc<crate::otlp::OtlpExport>>,
-}
-
 /// The serving threads, and how to start one again.
-pub(super) struct Serving {
+pub(super) struct Threads {
     /// The address the listeners share (a replacement binds it again).
     pub(super) addr: SocketAddr,
     /// By index; `None` where a replacement could not be started.
@@ -304,13 +294,12 @@ pub(super) struct Serving {
 /// Watches the serving threads until shutdown: one that ends before it (a panic outside any
 /// connection task) is logged and replaced, with a listener of its own again; its listener's
 /// queue of not yet accepted connections went with it. At shutdown, tells every thread to stop
-/// accepting, lets them drain, and closes the log.
+/// accepting, lets them drain, and runs the background's after-drain steps.
 pub(super) async fn supervise(
-    mut serving: Serving,
+    mut serving: Threads,
     mut shutdown: oneshot::Receiver<()>,
     stop: tokio::sync::watch::Sender<bool>,
     state: Arc<ProxyState>,
-    log: Option<Arc<AccessLogWriter>>,
     background: Background,
 ) {
     loop {
@@ -360,21 +349,7 @@ pub(super) async fn supervise(
         // Its exit notice is its last act, so this returns at once.
         let _ = t.thread.join();
     }
-    if let Some(o) = background.otlp {
-        // Records every finished request, then one last export: blocking, so off the runtime,
-        // and bounded like every join at shutdown (a collector that never answers would hold
-        // the exit for up to two export timeouts).
-        let last = tokio::task::spawn_blocking(move || o.shutdown());
-        if tokio::time::timeout(THREAD_JOIN_WAIT, last).await.is_err() {
-            tracing::warn!(
-                within = ?THREAD_JOIN_WAIT,
-                "the last OTLP export did not finish in time; left running"
-            );
-        }
-    }
-    if let Some(log) = log {
-        log.close().await;
-        let (written, dropped, failed) = log.counters().get();
-        tracing::info!(written, dropped, failed, "access log closed");
+    for step in background.after_drain {
+        step().await;
     }
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use crate::config::ServeConfig;
 use crate::fleet::Upstreams;
 use crate::health::Health;
+use crate::proxy::live_users::LiveUsers;
 use crate::proxy::pool::UpstreamPool;
-use crate::proxy::reload::LiveUsers;
 use crate::proxy::tracker::TrackerShared;
 use crate::tls::{ListenerTls, UpstreamConnector};
 
@@ -37,8 +37,8 @@ pub struct ProxyState {
 }
 
 impl ProxyState {
-    /// A copy of this state with `pool` as its upstream pool: a pooled connection's task lives
-    /// on the runtime that opened it, so every serving thread needs its own.
+    /// A copy of this state with `pool` as its upstream pool: a pooled connection's socket is
+    /// registered with the runtime that opened it, so every serving thread needs its own.
     pub fn with_pool(&self, pool: UpstreamPool) -> ProxyState {
         ProxyState {
             pool,

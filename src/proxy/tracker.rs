@@ -148,7 +148,7 @@ pub struct Tracker {
     upstream_announced: bool,
     /// Set when a non-streamed request was answered from an upstream stream.
     ttft_source: Option<&'static str>,
-    /// Why a non-streamed request was not upgraded, or fell back to pass-through.
+    /// Why a non-streamed request was not sent as a stream, or fell back to pass-through.
     ttft_fallback: Option<&'static str>,
     done: bool,
 }
@@ -408,7 +408,7 @@ impl Tracker {
         self.ttft_fallback = Some(why);
     }
 
-    /// The upgraded stream was abandoned for `why` and the request is sent again as the client
+    /// The stream sent in its place was abandoned for `why` and the request is sent again as the client
     /// wrote it: what was measured on the abandoned stream no longer describes the answer.
     /// Tokens already reported to observers stay reported (vLLM generated them).
     pub fn restart_for_fallback(&mut self, why: &'static str) {

@@ -421,7 +421,7 @@ impl Drop for TempDir {
 
 /// A proxy in front of `upstream`, logging to a temp file.
 pub struct TestProxy {
-    pub handle: Option<tokenmeter::proxy::ProxyHandle>,
+    pub handle: Option<tokenmeter::app::ProxyHandle>,
     pub addr: SocketAddr,
     pub log_path: PathBuf,
     _dir: TempDir,
@@ -450,7 +450,7 @@ impl TestProxy {
             ..Default::default()
         };
         tweak(&mut config);
-        let handle = tokenmeter::proxy::spawn_with_time(config, Vec::new(), time)
+        let handle = tokenmeter::app::spawn_with_time(config, Vec::new(), time)
             .await
             .unwrap();
         let addr = handle.addr();

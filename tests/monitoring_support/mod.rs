@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 /// The simulator, the proxy in front of it and the proxy's admin listener.
 pub struct Rig {
     pub sim: SimHandle,
-    pub proxy: tokenmeter::proxy::ProxyHandle,
+    pub proxy: tokenmeter::app::ProxyHandle,
     /// The proxy's main listener (clients).
     pub main: SocketAddr,
     /// `admin_listen`: the dashboard, `/stats`, `/metrics`.
@@ -51,7 +51,7 @@ impl Rig {
         config.meter.metrics_user_label = true;
         // Room for the 1,000 one-shot users and the agents, each tracked by name.
         config.meter.max_tracked_users = 2000;
-        let proxy = tokenmeter::proxy::spawn(config, Vec::new()).await.unwrap();
+        let proxy = tokenmeter::app::spawn(config, Vec::new()).await.unwrap();
         let main = proxy.addr();
         let admin = proxy.admin_addr().unwrap();
         Rig {
