@@ -95,7 +95,12 @@ fn the_forced_tool_streams_would_not_fold_into_the_recorded_answers() {
     ];
     for (name, api, req) in reqs {
         let (stream, _) = pair(name);
-        let mut fold = api.dialect().as_stream(req.as_bytes()).unwrap().unwrap().fold;
+        let mut fold = api
+            .dialect()
+            .as_stream(req.as_bytes())
+            .unwrap()
+            .unwrap()
+            .fold;
         let err = replay(fold.as_mut(), &stream).unwrap_err();
         assert!(
             err.0.contains("tool") || err.0.contains("non-text") || err.0.contains("other than"),

@@ -107,6 +107,14 @@ async fn read_head_and_body(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Stri
     }
 }
 
+/// `GET /v1/models` through the proxy at `addr`, answered within [`HANG_GUARD`].
+async fn get_models(addr: SocketAddr) -> Received {
+    let req = b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+    tokio::time::timeout(HANG_GUARD, raw_request(addr, req))
+        .await
+        .expect("the answer was held back")
+}
+
 fn chunk(data: &str) -> String {
     format!("{:x}\r\n{data}\r\n", data.len())
 }
@@ -259,11 +267,7 @@ async fn a_length_beside_chunked_is_removed_before_forwarding() {
         );
         let (addr, _) = raw_upstream(vec![wire.into_bytes()], End::Open).await;
         let proxy = proxy_to(addr, |_| {}).await;
-        let r = raw_request(
-            proxy.addr,
-            b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
-        )
-        .await;
+        let r = get_models(proxy.addr).await;
         assert_eq!(r.status, 200);
         assert_eq!(r.header("content-length"), None, "{}", r.head);
         assert!(r.complete);
@@ -353,15 +357,7 @@ async fn framing_the_proxy_cannot_trust_is_refused_promptly() {
     ] {
         let (addr, _) = raw_upstream(vec![wire.as_bytes().to_vec()], End::Open).await;
         let proxy = proxy_to(addr, slow).await;
-        let r = tokio::time::timeout(
-            HANG_GUARD,
-            raw_request(
-                proxy.addr,
-                b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
-            ),
-        )
-        .await
-        .unwrap();
+        let r = get_models(proxy.addr).await;
         assert_eq!(r.status, 502, "{wire:?}: {}", r.head);
         proxy.stop().await;
     }
@@ -379,15 +375,7 @@ async fn framing_the_proxy_cannot_trust_is_refused_promptly() {
         let wire = format!("HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n{tail}");
         let (addr, _) = raw_upstream(vec![wire.into_bytes()], End::Open).await;
         let proxy = proxy_to(addr, slow).await;
-        let r = tokio::time::timeout(
-            HANG_GUARD,
-            raw_request(
-                proxy.addr,
-                b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
-            ),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("{tail:?} held the request"));
+        let r = get_models(proxy.addr).await;
         assert_eq!(r.status, 200);
         assert!(!r.complete, "{tail:?} was read as a whole body");
         let lines = proxy.finish().await;
@@ -404,11 +392,7 @@ async fn framing_the_proxy_cannot_trust_is_refused_promptly() {
     )
     .await;
     let proxy = proxy_to(addr, slow).await;
-    let r = raw_request(
-        proxy.addr,
-        b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
-    )
-    .await;
+    let r = get_models(proxy.addr).await;
     assert_eq!(r.status, 200);
     assert_eq!(
         r.header("content-length").as_deref(),
@@ -443,15 +427,7 @@ async fn endless_interim_answers_are_bounded() {
         }
     });
     let proxy = proxy_to(addr, |c| c.timeouts.upstream_headers_ms = 600_000).await;
-    let r = tokio::time::timeout(
-        HANG_GUARD,
-        raw_request(
-            proxy.addr,
-            b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
-        ),
-    )
-    .await
-    .unwrap();
+    let r = get_models(proxy.addr).await;
     assert_eq!(r.status, 502, "{}", r.head);
     proxy.stop().await;
 }
