@@ -316,8 +316,9 @@ async fn a_client_that_closes_after_the_terminal_event_is_ok_and_before_it_abort
 
 #[tokio::test]
 async fn ttft_is_the_first_generated_output_and_each_excluded_event_is_excluded() {
-    // Each event that is not output comes 40 ms after the one before; the first output 40 ms
-    // after the last of them. Had any excluded event counted, TTFT would be at least 40 ms short.
+    // Each event that is not output comes GAP after the one before, on the proxy's clock; the
+    // first output GAP after the last of them. Had any excluded event counted, TTFT would be at
+    // least GAP short.
     const GAP: u64 = 40;
     let responses = [
         r#"event: response.created
@@ -361,50 +362,85 @@ data: {"type":"response.created","response":{"status":"in_progress","usage":null
         (CHAT, &chat, 3),
     ];
     for (path, events, excluded) in cases {
-        let evs: Vec<(u64, &str)> = events
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (if i == 0 { 0 } else { GAP }, *e))
-            .collect();
-        let up = FakeUpstream::start(vec![sse_script(&evs, Duration::ZERO)]).await;
-        let proxy = TestProxy::start(&up.url(), |_| {}).await;
-        let got = raw_request(
-            proxy.addr,
-            &post(
-                path,
-                r#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#,
-                &[],
-            ),
-        )
-        .await;
-        assert!(got.complete);
+        // The test holds the proxy's clock: before each event after the first it advances the
+        // clock by GAP, opens the upstream's gate for that event and reads it through the proxy,
+        // so every event is read at a known instant and the figures are exact.
+        let time = tokenmeter::clock::TimeSource::manual();
+        let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        let mut steps = vec![Step::Raw(
+            Duration::ZERO,
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n".to_vec(),
+        )];
+        for e in events {
+            steps.push(Step::Gate(gate.clone()));
+            steps.push(Step::Chunk(Duration::ZERO, e.as_bytes().to_vec()));
+        }
+        steps.push(Step::Raw(Duration::ZERO, b"0\r\n\r\n".to_vec()));
+        let up = FakeUpstream::start(vec![Script { steps }]).await;
+        let proxy = TestProxy::start_with_time(&up.url(), time.clone(), |_| {}).await;
+        let mut c = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        c.write_all(&post(
+            path,
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#,
+            &[],
+        ))
+        .await
+        .unwrap();
+        let mut got = Vec::new();
+        let mut from = 0;
+        for (i, e) in events.iter().enumerate() {
+            if i > 0 {
+                time.advance(Duration::from_millis(GAP));
+            }
+            gate.add_permits(1);
+            from = read_past(&mut c, &mut got, from, e.as_bytes()).await;
+        }
+        read_past(&mut c, &mut got, from, b"0\r\n\r\n").await;
+        drop(c);
         let l = proxy.finish().await.remove(0);
-        let first_byte = l["first_byte_ms"].as_f64().unwrap();
-        let ttft = l["ttft_ms"].as_f64().unwrap();
-        let floor = (excluded as u64 * GAP) as f64;
-        assert!(first_byte < GAP as f64, "{path}: first byte {first_byte}");
-        assert!(ttft >= floor - 1.0, "{path}: ttft {ttft} < {floor}");
-        assert!(ttft < floor + GAP as f64, "{path}: ttft {ttft}");
-        // Two more outputs, GAP apart: two ITL samples of about GAP.
-        let itl_mean = l["itl_mean_ms"].as_f64().unwrap();
-        assert!(
-            itl_mean >= GAP as f64 - 1.0 && itl_mean < 2.0 * GAP as f64,
-            "{l}"
+        let gap = GAP as f64;
+        assert_eq!(l["first_byte_ms"].as_f64(), Some(0.0), "{path}: {l}");
+        assert_eq!(
+            l["ttft_ms"].as_f64(),
+            Some(excluded as f64 * gap),
+            "{path}: {l}"
         );
-        for k in ["itl_p50_ms", "itl_p99_ms", "itl_max_ms"] {
+        // Two more outputs, GAP apart: two ITL samples of GAP.
+        assert_eq!(l["itl_mean_ms"].as_f64(), Some(gap), "{path}: {l}");
+        assert_eq!(l["itl_max_ms"].as_f64(), Some(gap), "{path}: {l}");
+        for k in ["itl_p50_ms", "itl_p99_ms"] {
+            // Percentiles come from log bins: within a bin's width of the exact value.
             let v = l[k].as_f64().unwrap();
-            assert!(
-                v >= 0.95 * (GAP as f64 - 1.0) && v < 2.2 * GAP as f64,
-                "{k}: {l}"
-            );
+            assert!((v - gap).abs() <= 0.05 * gap, "{k}: {l}");
         }
         if path == CHAT {
             // `vllm bench serve` would have taken the role-only event.
-            assert!(l["bench_ttft_ms"].as_f64().unwrap() < GAP as f64);
+            assert_eq!(l["bench_ttft_ms"].as_f64(), Some(0.0), "{l}");
         } else {
             assert!(l["bench_ttft_ms"].is_null());
         }
         assert_eq!(l["outcome"], "ok", "{l}");
+    }
+}
+
+/// Reads from `c` until `got` holds `marker` at or after `from`; returns where it ends.
+async fn read_past(
+    c: &mut tokio::net::TcpStream,
+    got: &mut Vec<u8>,
+    from: usize,
+    marker: &[u8],
+) -> usize {
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(at) = find(&got[from..], marker) {
+            return from + at + marker.len();
+        }
+        let k = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf))
+            .await
+            .expect("the proxy passed the event on")
+            .unwrap();
+        assert!(k > 0, "closed before {:?}", String::from_utf8_lossy(marker));
+        got.extend_from_slice(&buf[..k]);
     }
 }
 
