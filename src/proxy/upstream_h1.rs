@@ -535,11 +535,6 @@ fn header_map(fields: &[httparse::Header<'_>]) -> Result<HeaderMap, H1Error> {
 fn frame_head(mut response: Response<()>, method: &Method) -> Result<Head, H1Error> {
     let headers = response.headers();
     let status = response.status();
-    if response.version() == Version::HTTP_10 && headers.contains_key(header::TRANSFER_ENCODING) {
-        // HTTP/1.0 has no transfer codings (RFC 9112 §6.1): its framing cannot be trusted, and
-        // hyper refuses it too.
-        return Err(H1Error::Invalid("HTTP/1.0 response with transfer-encoding"));
-    }
     // RFC 9112 §9.3: `close` ends the connection whatever else `Connection` lists; HTTP/1.0 keeps
     // it only when asked to.
     let close = has_token(headers, &header::CONNECTION, "close");
@@ -555,6 +550,12 @@ fn frame_head(mut response: Response<()>, method: &Method) -> Result<Head, H1Err
     {
         (Framing::Done, keep_alive)
     } else if headers.contains_key(header::TRANSFER_ENCODING) {
+        if response.version() == Version::HTTP_10 {
+            // HTTP/1.0 has no transfer codings (RFC 9112 §6.1): the framing of a body cannot be
+            // trusted, and hyper refuses it too. (A response without a body, above, has none to
+            // frame: §6.3 rule 1 comes first.)
+            return Err(H1Error::Invalid("HTTP/1.0 response with transfer-encoding"));
+        }
         let framing = if last_coding_is_chunked(headers) {
             Framing::Chunked(Chunk::Size)
         } else {

@@ -16,10 +16,11 @@ use super::config::{ms_to_ns, SimConfig};
 use super::engine::{Ev, Finish, Job};
 use super::metrics::{self, Stats};
 use super::prompt::token_text;
-use super::request::{self, ApiError, Endpoint, GenRequest};
+use super::request::{self, ApiError, GenRequest};
 use super::scheduler::ChannelJob;
 use super::wire::{self, ChoiceOut, EventWriter};
 use crate::clock::{Clock, NANOS_PER_SEC};
+use crate::dialect::Api;
 
 /// Response body type of every route.
 pub type SimBody = UnsyncBoxBody<Bytes, Infallible>;
@@ -122,21 +123,13 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<SimBody> 
                 app.cfg.kv_cache_tokens,
             ),
         ),
-        "/v1/chat/completions"
-        | "/v1/completions"
-        | "/v1/responses"
-        | "/v1/messages"
-        | "/v1/messages/count_tokens"
-            if !post =>
-        {
-            method_not_allowed("POST")
-        }
-        "/v1/chat/completions" => generate(app, Endpoint::Chat, req).await,
-        "/v1/completions" => generate(app, Endpoint::Completions, req).await,
-        "/v1/responses" => generate(app, Endpoint::Responses, req).await,
-        "/v1/messages" => generate(app, Endpoint::Messages, req).await,
+        "/v1/messages/count_tokens" if !post => method_not_allowed("POST"),
         "/v1/messages/count_tokens" => count_tokens(app, req).await,
-        _ => json(404, r#"{"detail":"Not Found"}"#),
+        p => match Api::ALL.into_iter().find(|a| a.path() == p) {
+            Some(_) if !post => method_not_allowed("POST"),
+            Some(api) => generate(app, api, req).await,
+            None => json(404, r#"{"detail":"Not Found"}"#),
+        },
     }
 }
 
@@ -180,9 +173,9 @@ async fn read_body(app: &App, req: Request<Incoming>) -> Result<(Option<String>,
 }
 
 /// An error in the shape of `endpoint`'s API.
-fn endpoint_error(endpoint: Endpoint, e: ApiError) -> Response<SimBody> {
+fn endpoint_error(endpoint: Api, e: ApiError) -> Response<SimBody> {
     match endpoint {
-        Endpoint::Messages => api_error(request::to_anthropic(e)),
+        Api::Messages => api_error(request::to_anthropic(e)),
         _ => api_error(e),
     }
 }
@@ -195,11 +188,11 @@ async fn count_tokens(app: Arc<App>, req: Request<Incoming>) -> Response<SimBody
     };
     match counted {
         Ok(n) => json(200, super::wire_messages::count_tokens_body(n)),
-        Err(e) => endpoint_error(Endpoint::Messages, e),
+        Err(e) => endpoint_error(Api::Messages, e),
     }
 }
 
-async fn generate(app: Arc<App>, endpoint: Endpoint, req: Request<Incoming>) -> Response<SimBody> {
+async fn generate(app: Arc<App>, endpoint: Api, req: Request<Incoming>) -> Response<SimBody> {
     let arrival_ns = Clock::global().now();
     let parsed = match read_body(&app, req).await {
         Ok((ct, body)) => request::parse(endpoint, ct.as_deref(), &body, &app.cfg),

@@ -2,22 +2,11 @@
 
 use serde_json::{Map, Value};
 
+use crate::dialect::Api;
+
 use super::config::SimConfig;
 use super::prompt;
 use super::tools::{self, ForcedTool, ToolShape};
-
-/// Which generation endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// POST /v1/chat/completions.
-    Chat,
-    /// POST /v1/completions.
-    Completions,
-    /// POST /v1/responses (OpenAI Responses API).
-    Responses,
-    /// POST /v1/messages (Anthropic Messages API).
-    Messages,
-}
 
 /// What a Responses answer echoes of its request (the `response` object's request fields).
 #[derive(Debug, Clone, PartialEq)]
@@ -38,7 +27,7 @@ pub struct ResponsesEcho {
 #[derive(Debug, Clone)]
 pub struct GenRequest {
     /// Which endpoint it came to.
-    pub endpoint: Endpoint,
+    pub endpoint: Api,
     /// Streamed (SSE) or one JSON response.
     pub stream: bool,
     /// `stream_options.include_usage`.
@@ -168,7 +157,7 @@ fn json_object(content_type: Option<&str>, body: &[u8]) -> Result<Map<String, Va
 
 /// Parses and validates a generation request body against `cfg`, in vLLM's order of checks.
 pub fn parse(
-    endpoint: Endpoint,
+    endpoint: Api,
     content_type: Option<&str>,
     body: &[u8],
     cfg: &SimConfig,
@@ -176,12 +165,12 @@ pub fn parse(
     let owned = json_object(content_type, body)?;
     let obj = &owned;
     let (texts, prompt_tokens) = match endpoint {
-        Endpoint::Chat => chat_prompt(obj)?,
-        Endpoint::Completions => completion_prompt(obj)?,
-        Endpoint::Responses => responses_prompt(obj)?,
-        Endpoint::Messages => messages_prompt(obj)?,
+        Api::Chat => chat_prompt(obj)?,
+        Api::Completions => completion_prompt(obj)?,
+        Api::Responses => responses_prompt(obj)?,
+        Api::Messages => messages_prompt(obj)?,
     };
-    let openai = matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
+    let openai = matches!(endpoint, Api::Chat | Api::Completions);
     let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
     // Responses and Messages streams always carry usage: they take no stream_options.
     let opts = obj.get("stream_options").filter(|o| openai && !o.is_null());
@@ -200,10 +189,10 @@ pub fn parse(
     let continuous_usage = include_usage && flag("continuous_usage_stats");
 
     check_model(obj, cfg)?;
-    if endpoint == Endpoint::Messages && !obj.contains_key("max_tokens") {
+    if endpoint == Api::Messages && !obj.contains_key("max_tokens") {
         return Err(missing(obj, "max_tokens"));
     }
-    if endpoint == Endpoint::Chat && texts.is_empty() {
+    if endpoint == Api::Chat && texts.is_empty() {
         return Err(bad(
             "Cannot apply chat template to an empty conversation. Provide at least one message.",
             None,
@@ -229,12 +218,10 @@ pub fn parse(
     }
     // The request field of the output limit, and the name vLLM's messages give it.
     let (fields, label): (&[&str], &str) = match endpoint {
-        Endpoint::Chat | Endpoint::Completions => {
-            (&["max_completion_tokens", "max_tokens"], "max_tokens")
-        }
-        Endpoint::Responses => (&["max_output_tokens"], "max_output_tokens"),
+        Api::Chat | Api::Completions => (&["max_completion_tokens", "max_tokens"], "max_tokens"),
+        Api::Responses => (&["max_output_tokens"], "max_output_tokens"),
         // vLLM turns a Messages request into a chat request and reports the chat field.
-        Endpoint::Messages => (&["max_tokens"], "max_completion_tokens"),
+        Api::Messages => (&["max_tokens"], "max_completion_tokens"),
     };
     let max_field = fields
         .iter()
@@ -303,13 +290,13 @@ pub fn parse(
     let tool = tools::forced(
         obj,
         match endpoint {
-            Endpoint::Responses => ToolShape::Responses,
-            Endpoint::Messages => ToolShape::Messages,
+            Api::Responses => ToolShape::Responses,
+            Api::Messages => ToolShape::Messages,
             _ => ToolShape::Chat,
         },
     )
-    .filter(|_| endpoint != Endpoint::Completions);
-    let echo = (endpoint == Endpoint::Responses).then(|| Box::new(responses_echo(obj)));
+    .filter(|_| endpoint != Api::Completions);
+    let echo = (endpoint == Api::Responses).then(|| Box::new(responses_echo(obj)));
     Ok(GenRequest {
         endpoint,
         stream,

@@ -6,10 +6,11 @@ use bytes::Bytes;
 
 use super::engine::{Finish, Timings};
 use super::prompt::token_text;
-use super::request::{Endpoint, GenRequest};
+use super::request::GenRequest;
 use super::tools::ForcedTool;
 pub use super::wire_parts::{json_str, new_id, prefixed, typed_event, ChoiceOut};
 use super::{wire_messages, wire_responses};
+use crate::dialect::Api;
 
 /// `system_fingerprint` the simulator reports.
 pub const SYSTEM_FINGERPRINT: &str = "vllm-0.32.0-sim";
@@ -35,19 +36,17 @@ impl EventWriter {
         stamp: bool,
     ) -> Self {
         match req.endpoint {
-            Endpoint::Chat | Endpoint::Completions => EventWriter::OpenAi(StreamWriter::new(
+            Api::Chat | Api::Completions => EventWriter::OpenAi(StreamWriter::new(
                 req,
                 model,
                 created_s,
                 per_request_metrics,
                 stamp,
             )),
-            Endpoint::Responses => {
+            Api::Responses => {
                 EventWriter::Responses(wire_responses::ResponsesWriter::new(req, model, created_s))
             }
-            Endpoint::Messages => {
-                EventWriter::Messages(wire_messages::MessagesWriter::new(req, model))
-            }
+            Api::Messages => EventWriter::Messages(wire_messages::MessagesWriter::new(req, model)),
         }
     }
 
@@ -99,7 +98,7 @@ pub fn metrics_json(t: &Timings) -> String {
 /// Builds the SSE events of one streamed response, in vLLM's field order.
 #[derive(Debug)]
 pub struct StreamWriter {
-    endpoint: Endpoint,
+    endpoint: Api,
     /// `{"id":..,"object":..,"created":..,"model":..,` — shared prefix of every event.
     head: String,
     prompt_tokens: u64,
@@ -124,7 +123,7 @@ impl StreamWriter {
         stamp: bool,
     ) -> Self {
         let object = match req.endpoint {
-            Endpoint::Completions => "text_completion",
+            Api::Completions => "text_completion",
             _ => "chat.completion.chunk",
         };
         let head = format!(
@@ -140,9 +139,9 @@ impl StreamWriter {
             continuous: req.continuous_usage,
             per_request_metrics,
             generated: vec![0; req.n as usize],
-            roles_sent: req.endpoint == Endpoint::Completions,
+            roles_sent: req.endpoint == Api::Completions,
             stamp,
-            tool: req.tool.clone().filter(|_| req.endpoint == Endpoint::Chat),
+            tool: req.tool.clone().filter(|_| req.endpoint == Api::Chat),
         }
     }
 
@@ -209,7 +208,7 @@ impl StreamWriter {
             None => "null",
         };
         match (self.endpoint, &self.tool) {
-            (Endpoint::Chat, Some(tool)) => {
+            (Api::Chat, Some(tool)) => {
                 let reason = match finish {
                     Some(Finish::Stop) => "\"tool_calls\",\"stop_reason\":null",
                     _ => reason,
@@ -229,7 +228,7 @@ impl StreamWriter {
                 };
                 let _ = write!(s, "\"choices\":[{{\"index\":{choice},\"delta\":{{\"content\":null,\"tool_calls\":[{call}]}},\"logprobs\":null,\"finish_reason\":{reason},\"token_ids\":null}}]");
             }
-            (Endpoint::Chat, None) => {
+            (Api::Chat, None) => {
                 let _ = write!(s, "\"choices\":[{{\"index\":{choice},\"delta\":{{\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":{reason},\"token_ids\":null}}]");
             }
             _ => {
@@ -245,7 +244,7 @@ impl StreamWriter {
             s.push(',');
             self.usage(&mut s, cumulative, true);
         }
-        if finish.is_some() && !self.include_usage && self.endpoint == Endpoint::Chat {
+        if finish.is_some() && !self.include_usage && self.endpoint == Api::Chat {
             let _ = write!(s, ",\"system_fingerprint\":\"{SYSTEM_FINGERPRINT}\"");
         }
         out.push_back(self.finish_event(s));
@@ -280,18 +279,16 @@ pub fn full_response(
     timings: Option<&Timings>,
 ) -> String {
     match req.endpoint {
-        Endpoint::Responses => {
-            return wire_responses::full_response(req, model, created_s, &choices[0])
-        }
-        Endpoint::Messages => return wire_messages::full_response(req, model, &choices[0]),
-        Endpoint::Chat | Endpoint::Completions => {}
+        Api::Responses => return wire_responses::full_response(req, model, created_s, &choices[0]),
+        Api::Messages => return wire_messages::full_response(req, model, &choices[0]),
+        Api::Chat | Api::Completions => {}
     }
     let mut arr = Vec::with_capacity(choices.len());
     for (i, c) in choices.iter().enumerate() {
         let t = json_str(&c.text);
         let f = c.finish.as_str();
         arr.push(match (req.endpoint, &req.tool) {
-            (Endpoint::Chat, Some(tool)) => {
+            (Api::Chat, Some(tool)) => {
                 let f = if c.finish == Finish::Stop { "tool_calls" } else { f };
                 let call = format!(
                     "{{\"id\":\"{}\",\"type\":\"function\",\"function\":{{\"name\":{},\"arguments\":{}}}}}",
@@ -301,15 +298,15 @@ pub fn full_response(
                 );
                 format!("{{\"index\":{i},\"message\":{{\"role\":\"assistant\",\"content\":null,\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"tool_calls\":[{call}],\"reasoning\":null}},\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":null,\"routed_experts\":null}}")
             }
-            (Endpoint::Chat, None) => format!("{{\"index\":{i},\"message\":{{\"role\":\"assistant\",\"content\":{t},\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"reasoning\":null}},\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":null,\"routed_experts\":null}}"),
+            (Api::Chat, None) => format!("{{\"index\":{i},\"message\":{{\"role\":\"assistant\",\"content\":{t},\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"reasoning\":null}},\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":null,\"routed_experts\":null}}"),
             _ => format!("{{\"index\":{i},\"text\":{t},\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":null,\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"routed_experts\":null}}"),
         });
     }
     let completion: u64 = choices.iter().map(|c| c.tokens).sum();
     let p = req.prompt_tokens;
     let (object, tail) = match req.endpoint {
-        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => ("chat.completion", "\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null"),
-        Endpoint::Completions => ("text_completion", "\"kv_transfer_params\":null,\"ec_transfer_params\":null"),
+        Api::Chat | Api::Messages | Api::Responses => ("chat.completion", "\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null"),
+        Api::Completions => ("text_completion", "\"kv_transfer_params\":null,\"ec_transfer_params\":null"),
     };
     let metrics = timings
         .map(metrics_json)

@@ -5,15 +5,15 @@
 use bytes::Bytes;
 
 use super::engine::Finish;
-use super::request::Endpoint;
+use crate::dialect::Api;
 
 /// A fresh response id: `chatcmpl-<16 hex>` (chat and, as vLLM, Messages), `cmpl-<16 hex>` or
 /// `resp_<16 hex>`.
-pub fn new_id(endpoint: Endpoint) -> String {
+pub fn new_id(endpoint: Api) -> String {
     match endpoint {
-        Endpoint::Chat | Endpoint::Messages => prefixed("chatcmpl-"),
-        Endpoint::Completions => prefixed("cmpl-"),
-        Endpoint::Responses => prefixed("resp_"),
+        Api::Chat | Api::Messages => prefixed("chatcmpl-"),
+        Api::Completions => prefixed("cmpl-"),
+        Api::Responses => prefixed("resp_"),
     }
 }
 
