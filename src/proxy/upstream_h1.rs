@@ -719,3 +719,7 @@ pub fn encode_head<B>(req: &Request<B>, body_len: usize) -> Bytes {
 #[cfg(test)]
 #[path = "upstream_h1_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "upstream_h1_diff_tests.rs"]
+mod diff_tests;
