@@ -6,6 +6,8 @@
 mod as_stream;
 mod body;
 mod forward;
+#[doc(hidden)]
+pub mod fuzzing;
 mod headers;
 pub mod identity;
 mod in_flight;
