@@ -6,9 +6,8 @@
 //! phrase, header fields, body, trailers and reusability, or ours must be the stricter one. The
 //! only stricter outcome allowed is a connection ours does not keep where hyper would, and only
 //! where RFC 9112 says the framing is suspect (see [`ours_may_close`]); an error from ours where
-//! hyper reads the response is a failure. Where ours differs from hyper today, the case is left
-//! unjudged here ([`known_difference`]) and held by an ignored test that fails until the reader
-//! is fixed.
+//! hyper reads the response is a failure. Where ours once differed, the exact bytes are held by
+//! tests of their own below.
 //!
 //! Hyper's reusability is whether its connection becomes ready for another request once the body
 //! is over (`SendRequest::ready`), or closes.
@@ -394,19 +393,6 @@ fn ours_may_close(case: &Case) -> bool {
     (stray_length && !case.bodiless()) || (case.http10 && case.has_transfer_encoding())
 }
 
-/// Where ours, for now, differs from hyper on what the generator makes: each is in
-/// [`known_differences_from_hyper_until_the_reader_is_fixed`], which fails until the reader is
-/// fixed. Remove the entry here with the fix.
-fn known_difference(case: &Case) -> Option<&'static str> {
-    if case.http10 && case.has_transfer_encoding() && case.bodiless() {
-        // RFC 9112 §6.3: rule 1 (HEAD, 204, 304: no body) comes before the transfer-encoding
-        // rules, and §6.1 says to process an HTTP/1.0 message with transfer-encoding and then
-        // close; hyper reads it (and reads no body).
-        return Some("HTTP/1.0 bodiless response with transfer-encoding: ours refuses it");
-    }
-    None
-}
-
 /// Where ours may differ from hyper and still be right.
 #[derive(Debug, Clone, Copy, Default)]
 struct Leeway {
@@ -579,15 +565,12 @@ proptest! {
     fn ours_reads_what_hyper_reads(case in case()) {
         let wire = case.wire();
         let (o, h) = both(wire.clone(), &case.cuts, case.server_closes(), &case.method());
-        // Read anyway: a known difference must still not panic or hang either reader.
-        if known_difference(&case).is_none() {
-            let leeway = Leeway {
-                may_close: ours_may_close(&case),
-                may_drop_length: case.has_transfer_encoding(),
-            };
-            if let Err(e) = judge(leeway, o, h) {
-                prop_assert!(false, "{e}\n wire: {:?}", Bytes::from(wire));
-            }
+        let leeway = Leeway {
+            may_close: ours_may_close(&case),
+            may_drop_length: case.has_transfer_encoding(),
+        };
+        if let Err(e) = judge(leeway, o, h) {
+            prop_assert!(false, "{e}\n wire: {:?}", Bytes::from(wire));
         }
     }
 }
@@ -655,12 +638,10 @@ fn ours_agrees_with_hyper_where_it_once_did_not() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// Where ours differs from hyper, for now, on responses the generator makes: each entry of
-/// [`known_difference`], as bytes. Ignored until the reader is fixed; then it passes and the
-/// `#[ignore]` goes, and so do the [`known_difference`] entries.
+/// Answers without a body in HTTP/1.0 with a transfer-encoding: once refused by ours, read by
+/// hyper as bodiless (RFC 9112 §6.3 rule 1 comes before the transfer-encoding rules).
 #[test]
-#[ignore = "fails until the reader agrees with hyper on these"]
-fn known_differences_from_hyper_until_the_reader_is_fixed() {
+fn bodiless_http10_answers_with_transfer_encoding_are_read_as_hyper_reads_them() {
     // (what, the response, whether the server closes after it, the request's method)
     let cases: &[(&str, &[u8], bool, Method)] = &[
         (
