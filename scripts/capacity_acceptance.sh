@@ -11,4 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CAPACITY_TRUTH_S="${CAPACITY_TRUTH_S:-180}"
-cargo test --release --test capacity_acceptance -- --ignored --nocapture --test-threads 1 "$@"
+# The tests live in the analyze target among other ignored ones: with no arguments, all of this
+# file's; arguments replace that filter (e.g. `capacity_acceptance::sixteen_agents`).
+if [ $# -eq 0 ]; then set -- capacity_acceptance::; fi
+cargo test --release --test analyze -- --ignored --nocapture --test-threads 1 "$@"

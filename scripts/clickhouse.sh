@@ -9,4 +9,4 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import chdb' 2>/dev/n
     "$venv/bin/pip" install --quiet --disable-pip-version-check 'chdb>=3,<5'
 fi
 TOKENMETER_CHDB_PYTHON="$PWD/$venv/bin/python" \
-    cargo test --release --test clickhouse -- --ignored --nocapture
+    cargo test --release --test analyze -- --ignored --nocapture clickhouse::

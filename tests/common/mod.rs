@@ -1,5 +1,7 @@
 //! Test kit: a scripted fake upstream that replays recorded vLLM responses over a real socket,
 //! a raw HTTP/1.1 client that returns the exact bytes, and a proxy started on port 0.
+// Included by several test targets (`#[path]`), each using part of it: what one leaves unused,
+// another uses.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;

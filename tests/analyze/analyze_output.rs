@@ -1,0 +1,312 @@
+//! Outputs: SVG plots parse as XML with one series element per line, `--json` matches the
+//! committed schema, the binary prints the tables and writes the files.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::analyze_support::TempDir;
+use tokenmeter::analyze::{analyze, svg, AnalyzeOptions};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/analyze/phases.jsonl")
+}
+
+fn series_of(svg_text: &str) -> Vec<(String, usize)> {
+    let doc = roxmltree::Document::parse(svg_text).expect("SVG parses as XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    doc.descendants()
+        .filter(|n| n.attribute("class") == Some("series"))
+        .map(|n| {
+            let pts = n
+                .attribute("points")
+                .unwrap_or("")
+                .split_whitespace()
+                .count();
+            (n.attribute("data-series").unwrap().to_string(), pts)
+        })
+        .collect()
+}
+
+#[test]
+fn svgs_parse_and_have_one_series_element_per_line() {
+    let r = analyze(&[fixture()], &AnalyzeOptions::default()).unwrap();
+    let plots = svg::all(&r);
+    let names: Vec<&str> = plots.iter().map(|p| p.0).collect();
+    assert_eq!(names, ["capacity.svg", "ttft.svg", "timeline.svg"]);
+    let prod = r
+        .capacity_production
+        .iter()
+        .filter(|c| c.gen_tok_s.is_some())
+        .count();
+    assert!(prod >= 3, "the fixture's levels are not thin: {prod}");
+    assert_eq!(
+        series_of(&plots[0].1),
+        [
+            ("aggregate tok/s".into(), 3),
+            ("per-request tok/s".into(), 3),
+            ("production aggregate tok/s".into(), prod),
+            ("production per-request tok/s".into(), prod)
+        ]
+    );
+    assert_eq!(
+        series_of(&plots[1].1),
+        [("ttft p50".into(), 16), ("ttft p90".into(), 16)]
+    );
+    assert_eq!(
+        series_of(&plots[2].1),
+        [("generated tok/s".into(), 360), ("in flight".into(), 360)]
+    );
+    for (_, text) in &plots {
+        let doc = roxmltree::Document::parse(text).unwrap();
+        let ticks = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("tick"))
+            .count();
+        assert!(ticks >= 6, "axes have ticks");
+        assert!(doc.descendants().filter(|n| n.has_tag_name("text")).count() >= 8);
+    }
+}
+
+#[test]
+fn an_empty_report_still_plots_valid_svg() {
+    let dir = TempDir::new("empty");
+    let path = dir.path("empty.jsonl");
+    std::fs::write(&path, b"").unwrap();
+    let r = analyze(&[path], &AnalyzeOptions::default()).unwrap();
+    for (name, text) in svg::all(&r) {
+        let want = if name == "capacity.svg" { 4 } else { 2 };
+        assert_eq!(series_of(&text).len(), want);
+    }
+}
+
+fn validate(value: &serde_json::Value) {
+    let schema_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schemas/analyze.schema.json");
+    let schema: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(schema_path).unwrap()).unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(value)
+        .map(|e| format!("{e} at {}", e.instance_path))
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+}
+
+#[test]
+fn json_report_matches_the_schema() {
+    let opts = AnalyzeOptions {
+        per_second: true,
+        ..AnalyzeOptions::default()
+    };
+    let r = analyze(&[fixture()], &opts).unwrap();
+    let v = serde_json::to_value(&r).unwrap();
+    validate(&v);
+    assert_eq!(v["capacity"][1]["gen_tok_s"]["mean"], 150.0);
+    // The schema is strict enough to catch a renamed field.
+    let schema: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schemas/analyze.schema.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let mut broken = v.clone();
+    broken["capacity"][0]["gen_tok_s"] = serde_json::json!({"avg": 1.0});
+    assert!(!validator.is_valid(&broken));
+    let empty = analyze(&[], &AnalyzeOptions::default()).unwrap();
+    validate(&serde_json::to_value(&empty).unwrap());
+}
+
+#[test]
+fn binary_prints_tables_and_writes_json_svg_and_html() {
+    let bin = env!("CARGO_BIN_EXE_tokenmeter");
+    let out = Command::new(bin)
+        .arg("analyze")
+        .arg(fixture())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "## Summary",
+        "## Capacity",
+        "| 16 ",
+        "350.0 ± 0.0 tok/s",
+        "## Per user",
+        "## Cold starts (1;",
+        "phases.jsonl:13",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    let dir = TempDir::new("cli");
+    let html = dir.path("report.html");
+    let out = Command::new(bin)
+        .args(["analyze", "--json", "--user", "lane-0", "--svg"])
+        .arg(dir.path("svg"))
+        .arg("--html")
+        .arg(&html)
+        .arg(fixture())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    validate(&v);
+    assert_eq!(v["summary"]["users"], 1);
+    for f in ["capacity.svg", "ttft.svg", "timeline.svg"] {
+        let text = std::fs::read_to_string(dir.path("svg").join(f)).unwrap();
+        assert!(roxmltree::Document::parse(&text).is_ok());
+    }
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert_eq!(page.matches("<svg ").count(), 3);
+    assert!(page.contains("<table>") && page.contains("Capacity"));
+    assert!(
+        !page.contains("src=\"http") && !page.contains("href=\"http"),
+        "self-contained"
+    );
+    // Relative bounds: the fixture is from 2026-11-29 18:00-18:06 UTC.
+    let requests = |args: &[&str]| {
+        let out = Command::new(bin)
+            .arg("analyze")
+            .args(args)
+            .arg("--json")
+            .arg(fixture())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["summary"]["requests"].as_u64().unwrap()
+    };
+    assert_eq!(requests(&["--from", "-100000d"]), 36);
+    assert_eq!(requests(&["--to", "-100000d"]), 0);
+    assert_eq!(
+        requests(&[
+            "--from",
+            "2026-11-29T18:02:00Z",
+            "--to",
+            "2026-11-29T18:04:00Z"
+        ]),
+        16
+    );
+    // A bad bound or a missing file is an error exit with a message, not a crash.
+    for args in [&["--from", "-2x"][..], &["--to", "yesterday"][..]] {
+        let out = Command::new(bin)
+            .arg("analyze")
+            .args(args)
+            .arg(fixture())
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("bad"),
+            "{args:?}"
+        );
+    }
+    let out = Command::new(bin)
+        .args(["analyze", "/nonexistent/x.jsonl"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open"));
+}
+
+#[test]
+fn html_escapes_every_cell() {
+    let mut recs = tokenmeter::analyze::synth::steady_phases();
+    recs[0].user = "<b>x|y</b> & co".into();
+    let dir = TempDir::new("html");
+    let path = dir.path("a.jsonl");
+    std::fs::write(&path, crate::analyze_support::lines_of(&recs)).unwrap();
+    let r = analyze(&[path], &AnalyzeOptions::default()).unwrap();
+    let page = tokenmeter::analyze::html::page(&r);
+    assert!(
+        page.contains("<td>&lt;b&gt;x|y&lt;/b&gt; &amp; co</td>"),
+        "{page}"
+    );
+    assert!(!page.contains("<b>x"));
+    // Every table row of the per-user table has its six cells.
+    let users = page.split("<h2>Per user</h2>").nth(1).unwrap();
+    let table = &users[..users.find("</table>").unwrap()];
+    for row in table.split("<tr>").skip(2) {
+        assert_eq!(row.matches("<td>").count(), 6, "{row}");
+    }
+}
+
+#[test]
+fn per_api_table_counts_every_api_and_reads_old_lines_by_path() {
+    use tokenmeter::analyze::synth::{record, T0};
+    use tokenmeter::dialect::Api;
+    let dir = TempDir::new("apis");
+    let path = dir.path("apis.jsonl");
+    let mut log = Vec::new();
+    let cases = [
+        (Some(Api::Messages), "/v1/messages", 30u64),
+        (Some(Api::Messages), "/v1/messages", 10),
+        (Some(Api::Responses), "/v1/responses", 20),
+        (None, "/v1/chat/completions", 40),
+        (None, "/v1/messages/count_tokens", 0),
+    ];
+    for (i, (api, p, tokens)) in cases.into_iter().enumerate() {
+        let mut r = record(
+            T0 + i as u64 * 1_000_000_000,
+            500.0,
+            Some(50.0),
+            tokens,
+            true,
+            "u",
+        );
+        r.api = api;
+        r.path = p.into();
+        let mut v = serde_json::to_value(&r).unwrap();
+        if api.is_none() {
+            // A line written before the `api` field existed.
+            v.as_object_mut().unwrap().remove("api");
+        }
+        log.extend_from_slice(format!("{v}\n").as_bytes());
+    }
+    std::fs::write(&path, &log).unwrap();
+    let r = analyze(std::slice::from_ref(&path), &AnalyzeOptions::default()).unwrap();
+    let v = serde_json::to_value(&r).unwrap();
+    validate(&v);
+    let rows: Vec<(String, u64, u64)> = v["apis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["api"].as_str().unwrap().to_string(),
+                a["requests"].as_u64().unwrap(),
+                a["completion_tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("chat".to_string(), 1, 40),
+            ("responses".to_string(), 1, 20),
+            ("messages".to_string(), 2, 40)
+        ]
+    );
+    assert_eq!(v["apis"][2]["share_pct"], 40.0);
+    assert_eq!(v["summary"]["generation_requests"], 4);
+    let out = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .arg("analyze")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("## Per API"), "{text}");
+    assert!(text.contains("| messages "), "{text}");
+}

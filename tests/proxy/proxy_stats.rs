@@ -1,0 +1,113 @@
+//! `/stats` on the proxy: fed by real traffic, protected by a token, movable to an admin address.
+
+use std::time::Duration;
+
+use crate::common::*;
+
+#[tokio::test]
+async fn stats_reflect_traffic_and_validate() {
+    let up = FakeUpstream::start(vec![
+        fixture("03_chat_stream_usage.http").script(Duration::from_millis(2))
+    ])
+    .await;
+    let proxy = TestProxy::start(&up.url(), |_| {}).await;
+    for user in ["alice", "bob", "alice"] {
+        let r = raw_request(
+            proxy.addr,
+            &post(
+                "/v1/chat/completions",
+                r#"{"model":"tiny-llama","stream":true}"#,
+                &[("x-tokenmeter-user", user)],
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let stats = raw_request(
+        proxy.addr,
+        b"GET /stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(stats.status, 200);
+    let v = stats.json();
+    assert_schema("stats.schema.json", &v);
+    assert_eq!(v["schema"], 1);
+    assert_eq!(v["totals"]["requests"], 3);
+    assert_eq!(v["totals"]["completion_tokens"], 15);
+    assert_eq!(v["users"]["alice"]["totals"]["requests"], 2);
+    assert_eq!(v["in_flight"], 0);
+    let one = raw_request(
+        proxy.addr,
+        b"GET /stats?user=bob&window=10s HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .json();
+    assert_schema("stats.schema.json", &one);
+    assert!(one["users"].get("alice").is_none());
+    assert_eq!(one["users"]["bob"]["totals"]["completion_tokens"], 5);
+    let metrics = raw_request(
+        proxy.addr,
+        b"GET /stats/metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    let text = String::from_utf8(metrics.body).unwrap();
+    assert!(
+        text.contains("tokenmeter_completion_tokens_total{model=\"tiny-llama\",api=\"chat\"} 15"),
+        "{text}"
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn stats_token_and_admin_listener() {
+    let fx = fixture("00_models.http");
+    let mut up = FakeUpstream::start(vec![fx.script(Duration::ZERO)]).await;
+    let proxy = TestProxy::start(&up.url(), |c| {
+        c.stats_token = Some(tokenmeter::config::Secret("s3cret".into()));
+        c.admin_listen = Some("127.0.0.1:0".into());
+    })
+    .await;
+    let admin = proxy.handle.as_ref().unwrap().admin_addr().unwrap();
+    let get = |auth: &str| {
+        format!("GET /stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{auth}\r\n").into_bytes()
+    };
+    assert_eq!(raw_request(admin, &get("")).await.status, 401);
+    assert_eq!(
+        raw_request(admin, &get("authorization: Bearer nope\r\n"))
+            .await
+            .status,
+        401
+    );
+    assert_eq!(
+        raw_request(admin, &get("authorization: Bearer s3cret\r\n"))
+            .await
+            .status,
+        200
+    );
+    // On admin_listen: the dashboard at / and tokenmeter's metrics at /metrics.
+    let page = raw_request(
+        admin,
+        b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(page.status, 200);
+    assert!(String::from_utf8_lossy(&page.body).contains("tokenmeter"));
+    let metrics = raw_request(
+        admin,
+        b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\nauthorization: Bearer s3cret\r\n\r\n",
+    )
+    .await;
+    assert_eq!(metrics.status, 200);
+    assert!(String::from_utf8_lossy(&metrics.body).contains("tokenmeter_requests_in_flight 0"));
+    // On the main listener /stats now belongs to the upstream.
+    let passed = raw_request(proxy.addr, &get("")).await;
+    assert_eq!(passed.body, fx.body);
+    assert!(up
+        .seen
+        .recv()
+        .await
+        .unwrap()
+        .request_line()
+        .starts_with("GET /stats "));
+    proxy.stop().await;
+}
