@@ -73,6 +73,7 @@ fn wakeups_while_quiet(pid: u32) -> u64 {
 }
 
 #[test]
+#[ignore = "counts wakeups over 1.5 s of real time: scripts/reliability.sh runs it"]
 fn serving_threads_sleep_while_no_request_comes() {
     let (child, addr, _log) = spawn_logged(&mut serve("127.0.0.1:0"));
     // Connections served and closed: the kernel spreads them over both threads' listeners.

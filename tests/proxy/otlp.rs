@@ -146,11 +146,15 @@ async fn genai_metrics_reach_a_real_receiver_with_the_access_logs_sums() {
     for i in 0..12 {
         send(proxy.addr, i).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        !got.lock().unwrap().metrics.is_empty(),
-        "periodic exports arrive while serving"
-    );
+    // Periodic exports arrive while serving: waited for, not slept on.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while got.lock().unwrap().metrics.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no periodic export arrived while serving"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let lines = proxy.finish().await;
     let exports = got.lock().unwrap().metrics.clone();
     assert!(
@@ -244,14 +248,27 @@ async fn a_down_collector_costs_only_counted_failures() {
     for i in 0..6 {
         send(proxy.addr, i).await;
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
-    c.write_all(b"GET /stats/metrics HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    c.read_to_end(&mut out).await.unwrap();
-    let text = String::from_utf8_lossy(&out);
+    // Until every span has gone into a failed export (or the guard is up).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+        c.write_all(b"GET /stats/metrics HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).await.unwrap();
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let settled = text
+            .lines()
+            .any(|l| l == "tokenmeter_otlp_spans_dropped_total 6")
+            && !text
+                .lines()
+                .any(|l| l == "tokenmeter_otlp_export_failures_total 0");
+        if settled || tokio::time::Instant::now() >= deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     let value = |name: &str| -> u64 {
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name} ")))

@@ -160,7 +160,7 @@ async fn a_connection_whose_answer_has_no_body_is_reused() {
 
 #[tokio::test]
 async fn a_connection_the_upstream_closed_while_idle_is_not_used_again() {
-    let up = counting_upstream(Some(Duration::from_millis(20))).await;
+    let mut up = counting_upstream(Some(Duration::from_millis(20))).await;
     let proxy = one_thread_proxy(&up, 90_000).await;
     for i in 1..=4 {
         let got = raw_request(proxy.addr, &get_models()).await;
@@ -170,8 +170,12 @@ async fn a_connection_the_upstream_closed_while_idle_is_not_used_again() {
             "request {i}: {}",
             String::from_utf8_lossy(&got.body)
         );
-        // Let the upstream close the connection it just answered on.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The upstream closes the connection it just answered on; wait until that close has
+        // gone through (the proxy's side seen closed), not for a guessed time.
+        tokio::time::timeout(Duration::from_secs(10), up.peer_closed.recv())
+            .await
+            .expect("the upstream's close went through")
+            .unwrap();
     }
     assert_eq!(
         up.accepted.load(Ordering::SeqCst),
