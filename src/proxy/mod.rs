@@ -8,6 +8,7 @@ mod body;
 mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
+mod h1_message;
 mod headers;
 pub mod identity;
 mod in_flight;
