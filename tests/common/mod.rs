@@ -265,8 +265,9 @@ pub fn socket2_linger_zero(s: std::net::TcpStream) -> std::net::TcpStream {
     s
 }
 
-/// Reads one request (head and content-length body); None at EOF.
-async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Seen> {
+/// Reads one request (head and content-length body) from `stream`, `buf` keeping what was read
+/// past it; None at EOF.
+pub async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Seen> {
     loop {
         if let Some(end) = find(buf, b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).to_string();

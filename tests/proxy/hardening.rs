@@ -50,7 +50,7 @@ async fn raw_upstream(writes: Vec<Vec<u8>>, end: End) -> (SocketAddr, Arc<Atomic
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 loop {
-                    if read_head_and_body(&mut s, &mut buf).await.is_none() {
+                    if read_request(&mut s, &mut buf).await.is_none() {
                         return;
                     }
                     count.fetch_add(1, Ordering::SeqCst);
@@ -72,34 +72,6 @@ async fn raw_upstream(writes: Vec<Vec<u8>>, end: End) -> (SocketAddr, Arc<Atomic
         }
     });
     (addr, heads)
-}
-
-/// Reads one request head and its content-length body; the head, or None at EOF.
-async fn read_head_and_body(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
-    let mut tmp = vec![0u8; 64 * 1024];
-    loop {
-        if let Some(end) = find(buf, b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse().unwrap());
-            while buf.len() < end + 4 + len {
-                let n = s.read(&mut tmp).await.ok()?;
-                if n == 0 {
-                    return None;
-                }
-                buf.extend_from_slice(&tmp[..n]);
-            }
-            buf.drain(..end + 4 + len);
-            return Some(head);
-        }
-        let n = s.read(&mut tmp).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&tmp[..n]);
-    }
 }
 
 /// `GET /v1/models` through the proxy at `addr`, answered within [`HANG_GUARD`].
@@ -408,7 +380,7 @@ async fn endless_interim_answers_are_bounded() {
     tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
         let mut buf = Vec::new();
-        read_head_and_body(&mut s, &mut buf).await.unwrap();
+        read_request(&mut s, &mut buf).await.unwrap();
         // Until the proxy closes the connection, or past the client's guard if it never does.
         let until = tokio::time::Instant::now() + 2 * HANG_GUARD;
         while tokio::time::Instant::now() < until {
@@ -563,18 +535,12 @@ async fn the_keep_alive_race_fails_and_duplicates_nothing() {
                 let mut buf = Vec::new();
                 loop {
                     // Closes the connection once it has been idle for KEEP_ALIVE.
-                    let Ok(Some(head)) =
-                        tokio::time::timeout(KEEP_ALIVE, read_head_and_body(&mut s, &mut buf))
-                            .await
+                    let Ok(Some(seen)) =
+                        tokio::time::timeout(KEEP_ALIVE, read_request(&mut s, &mut buf)).await
                     else {
                         return;
                     };
-                    let id = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("x-id:"))
-                        .unwrap()
-                        .trim()
-                        .to_string();
+                    let id = seen.header("x-id").unwrap();
                     *ids.lock().unwrap().entry(id).or_default() += 1;
                     if s
                         .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
