@@ -120,6 +120,8 @@ pub struct ServeConfig {
     pub users: UsersConfig,
     /// The live meter: windows, user caps, cold starts.
     pub meter: crate::meter::MeterConfig,
+    /// The service level requests are judged against (`[slo]`).
+    pub slo: crate::slo::SloConfig,
     /// vLLM's `/metrics` to scrape for the cross-check: unset or `""` = off, `"auto"` = the
     /// upstream's `/metrics` (at the root of its host:port), or an `http://` URL.
     pub upstream_metrics_url: Option<String>,
@@ -164,6 +166,7 @@ impl Default for ServeConfig {
             timeouts: Timeouts::default(),
             users: UsersConfig::default(),
             meter: crate::meter::MeterConfig::default(),
+            slo: crate::slo::SloConfig::default(),
             upstream_metrics_url: None,
             metrics_scrape_interval_s: 10.0,
             disagreement_threshold_pct: 5.0,
@@ -322,6 +325,7 @@ impl ServeConfig {
         if let Err(e) = self.meter.validate() {
             p.push(format!("meter: {e}"));
         }
+        p.extend(self.slo.problems());
         p
     }
 

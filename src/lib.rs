@@ -29,6 +29,7 @@ pub mod record;
 pub mod scrape;
 pub mod signals;
 pub mod sim;
+pub mod slo;
 pub mod sse;
 mod swar;
 pub mod tls;

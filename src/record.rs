@@ -190,6 +190,15 @@ pub struct RequestRecord {
     pub tok_s: Option<f64>,
     /// (completion_tokens - 1) / (e2e - ttft), tokens per second.
     pub decode_tok_s: Option<f64>,
+    /// Whether the request met the service level (`[slo]`, see `slo::judge`); `null` when it
+    /// was not judged (the client's own mistake, or a client that left early without waiting
+    /// past the TTFT bound).
+    #[serde(default)]
+    pub slo_ok: Option<bool>,
+    /// What it missed: `ttft`, `pace`, `ttft_pace`, `e2e` (a non-streamed request without a
+    /// TTFT) or `error`; `null` when met or not judged.
+    #[serde(default)]
+    pub slo_miss: Option<crate::slo::SloMiss>,
     /// Requests in flight when this one arrived, itself included.
     pub in_flight_at_start: u32,
     /// First request after an idle gap longer than `cold_start_idle_s` (or the first ever).
@@ -219,6 +228,43 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
+    /// What the service-level verdict reads from this record.
+    pub fn slo_input(&self) -> crate::slo::SloInput {
+        use crate::slo::Ending;
+        let status = self.status.unwrap_or(0);
+        // 408 and 429 are the box's: it timed the request out or was too busy to take it.
+        let clients_fault = (400..500).contains(&status) && status != 408 && status != 429;
+        let ending = match self.outcome {
+            Outcome::Ok => Ending::Complete,
+            Outcome::ClientAborted => Ending::ClientGaveUp,
+            Outcome::UpstreamError | Outcome::ProxyError if clients_fault => Ending::Refused,
+            Outcome::UpstreamError
+            | Outcome::ProxyError
+            | Outcome::UpstreamAborted
+            | Outcome::Timeout => Ending::Failed,
+        };
+        crate::slo::SloInput {
+            ending,
+            ttft_ms: self.ttft_ms,
+            e2e_ms: self.e2e_ms,
+            completion_tokens: self.completion_tokens,
+            prompt_tokens: self.prompt_tokens,
+            cached_prompt_tokens: self.cached_prompt_tokens,
+        }
+    }
+
+    /// Sets `slo_ok` and `slo_miss` from the verdict against `slo`; only generation requests
+    /// are judged.
+    pub fn judge(&mut self, slo: &crate::slo::SloConfig) {
+        let verdict = if self.is_generation() {
+            crate::slo::judge(slo, &self.slo_input())
+        } else {
+            None
+        };
+        self.slo_ok = verdict.map(|v| v.is_ok());
+        self.slo_miss = verdict.and_then(Result::err);
+    }
+
     /// Whether this request was a generation (chat or text completion) that windows and the
     /// capacity curve account for; `/v1/models`, `/health` and the like are logged, not metered.
     pub fn is_generation(&self) -> bool {

@@ -87,6 +87,11 @@ pub fn build(
     let capacity = capacity(tl, level_tok_s, &p);
     let capacity_production = production(pass2, &p, opts.capacity_min_s as f64);
     let saturation = saturation(&p, opts, &capacity, &capacity_production);
+    let service_level = crate::meter::service_level::service_level_view(
+        &opts.slo,
+        &pass2.verdicts,
+        &pass2.level_sums,
+    );
     let users = users(&p);
     let apis = apis(&p);
     let cold_starts = ColdStarts {
@@ -110,6 +115,7 @@ pub fn build(
         timeline,
         capacity,
         capacity_production,
+        service_level,
         saturation,
         users,
         apis,

@@ -9,6 +9,8 @@ use crate::clock::UnixNanos;
 use crate::dialect::Api;
 use crate::meter::histogram::LogHistogram;
 use crate::meter::levels::{GuardConfig, LevelAttribution, LevelSums};
+use crate::meter::service_level::VerdictsByLevel;
+use crate::slo::SloConfig;
 
 use super::steady::{SecondMix, SecondMixes};
 use crate::meter::replay::{LevelSweep, ReplayAccumulator};
@@ -19,7 +21,7 @@ use crate::scrape::ServerSample;
 use super::filter::Filter;
 use super::input::TOO_LONG_PLACEHOLDER;
 use super::parse::{parse_line, scratch_record, BadReason, LeanRecord, Parsed};
-use super::spill::{for_each_by_start, Spill, SpillEntry};
+use super::spill::{decode_verdict, encode_verdict, for_each_by_start, Spill, SpillEntry};
 
 /// How many bad-line positions the report names.
 pub const BAD_POSITIONS: usize = 5;
@@ -147,6 +149,8 @@ pub struct Pass1 {
     pub cold_start_count: u64,
     /// `server_sample` lines inside the time filter (unordered until the report sorts them).
     pub server_samples: Vec<ServerSample>,
+    /// Judges records logged without a verdict.
+    slo: SloConfig,
     scratch: RequestRecord,
     spill: Option<Spill>,
     spills: Vec<Spill>,
@@ -172,6 +176,7 @@ impl Default for Pass1 {
             cold_starts: Vec::new(),
             cold_start_count: 0,
             server_samples: Vec::new(),
+            slo: SloConfig::default(),
             scratch: scratch_record(),
             spill: None,
             spills: Vec::new(),
@@ -259,6 +264,7 @@ impl Pass1 {
             }
         }
         self.replay.add(&self.scratch);
+        let slo = encode_verdict(self.verdict(r));
         if let Some(spill) = self.spill.as_mut() {
             let (gen_from, _) = generation_interval(&self.scratch, end);
             spill.push(SpillEntry {
@@ -269,9 +275,23 @@ impl Pass1 {
                 first_token: ttft_ns(&self.scratch).unwrap_or(0),
                 gen_from,
                 completion_tokens: r.completion_tokens.map_or(f64::NAN, |c| c as f64),
+                slo,
             })?;
         }
         Ok(())
+    }
+}
+
+impl Pass1 {
+    /// The record's service-level verdict: as logged, or, for a line written before the verdict
+    /// existed, judged here as the proxy would (`scratch` holds the record).
+    fn verdict(&self, r: &LeanRecord<'_>) -> Option<crate::slo::Verdict> {
+        match (r.slo_ok, r.slo_miss) {
+            (Some(Some(true)), _) => Some(Ok(())),
+            (Some(Some(false)), m) => Some(Err(m.unwrap_or(crate::slo::SloMiss::Error))),
+            (Some(None), _) => None,
+            (None, _) => crate::slo::judge(&self.slo, &self.scratch.slo_input()),
+        }
     }
 }
 
@@ -283,6 +303,8 @@ pub type LevelTokS = BTreeMap<u32, (f64, f64)>;
 pub struct Pass2 {
     /// Per-level min and max of `tok_s`.
     pub level_tok_s: LevelTokS,
+    /// Service-level verdicts by the request's rounded mean in-flight level.
+    pub verdicts: VerdictsByLevel,
     /// Clean and guarded time and tokens per level (the live meter's level attribution).
     pub level_sums: BTreeMap<u32, LevelSums>,
     /// How each second's time spread over levels (for the tolerant steady seconds).
@@ -388,9 +410,10 @@ impl ProductionSweep {
 
 impl Pass1 {
     /// An empty accumulator with its own spill file.
-    pub fn new() -> std::io::Result<Pass1> {
+    pub fn new(slo: SloConfig) -> std::io::Result<Pass1> {
         Ok(Pass1 {
             spill: Some(Spill::create()?),
+            slo,
             ..Pass1::default()
         })
     }
@@ -501,8 +524,11 @@ impl Pass1 {
         let mut out = LevelTokS::new();
         let mut production = ProductionSweep::new();
         self.spills.extend(self.spill.take());
-        let mut visit = |tok_s: f64, mean: f64| {
+        let mut verdicts = VerdictsByLevel::new();
+        let mut visit = |(tok_s, slo, tokens): (f64, u8, f64), mean: f64| {
             let level = mean.round() as u32;
+            let tokens = tokens.is_finite().then_some(tokens as u64);
+            verdicts.add(level, decode_verdict(slo), tokens);
             if level > 0 && tok_s.is_finite() {
                 let slot = out.entry(level).or_insert((tok_s, tok_s));
                 slot.0 = slot.0.min(tok_s);
@@ -512,12 +538,14 @@ impl Pass1 {
         let mut sweep = LevelSweep::new();
         for_each_by_start(&mut self.spills, |e| {
             production.push(e);
-            sweep.push(e.start, e.end, e.in_flight_at_start, e.tok_s, &mut visit);
+            let payload = (e.tok_s, e.slo, e.completion_tokens);
+            sweep.push(e.start, e.end, e.in_flight_at_start, payload, &mut visit);
         })?;
         sweep.finish(&mut visit);
         let (level_sums, second_mixes) = production.finish();
         Ok(Pass2 {
             level_tok_s: out,
+            verdicts,
             level_sums,
             second_mixes,
         })

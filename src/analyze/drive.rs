@@ -13,7 +13,11 @@ use super::input::{Chunk, Chunker, Source};
 pub const MAX_WORKERS: usize = 4;
 
 /// Runs pass 1 over every source.
-pub fn pass1(sources: &[Source], filter: &Filter) -> anyhow::Result<Pass1> {
+pub fn pass1(
+    sources: &[Source],
+    filter: &Filter,
+    slo: &crate::slo::SloConfig,
+) -> anyhow::Result<Pass1> {
     let workers = std::thread::available_parallelism()
         .map_or(1, std::num::NonZero::get)
         .clamp(1, MAX_WORKERS);
@@ -23,7 +27,7 @@ pub fn pass1(sources: &[Source], filter: &Filter) -> anyhow::Result<Pass1> {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 scope.spawn(|| {
-                    let mut acc = Pass1::new();
+                    let mut acc = Pass1::new(*slo);
                     loop {
                         // Held only to take one chunk (a megabyte of lines), never while parsing.
                         let next = match rx.lock() {

@@ -69,6 +69,10 @@ pub struct AnalyzeArgs {
     /// Production-traffic curve: levels with fewer clean seconds are shown as thin (no rate).
     #[arg(long, default_value_t = 10)]
     pub capacity_min_s: u64,
+    /// The serve config file whose `[slo]` table sets the service level (as the live proxy
+    /// judged it); without it, the defaults.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Print the report as JSON instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -100,6 +104,9 @@ pub struct AnalyzeOptions {
     pub disagreement_threshold_pct: f64,
     /// Production-traffic curve: levels with fewer clean seconds are thin.
     pub capacity_min_s: u64,
+    /// The service level: judges records logged without a verdict, and sets the headline's
+    /// target and thin mark (the `[slo]` table of `--config`, else the defaults).
+    pub slo: crate::slo::SloConfig,
 }
 
 impl Default for AnalyzeOptions {
@@ -112,8 +119,28 @@ impl Default for AnalyzeOptions {
             per_second: false,
             disagreement_threshold_pct: 5.0,
             capacity_min_s: 10,
+            slo: crate::slo::SloConfig::default(),
         }
     }
+}
+
+/// The `[slo]` table of a serve config file (other tables are not read here).
+fn slo_of_config(path: &std::path::Path) -> anyhow::Result<crate::slo::SloConfig> {
+    #[derive(serde::Deserialize)]
+    struct SloOnly {
+        #[serde(default)]
+        slo: crate::slo::SloConfig,
+    }
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--config {}: cannot read it", path.display()))?;
+    let c: SloOnly =
+        toml::from_str(&text).with_context(|| format!("--config {}", path.display()))?;
+    let problems = c.slo.problems();
+    if !problems.is_empty() {
+        anyhow::bail!("--config {}: {}", path.display(), problems.join("; "));
+    }
+    Ok(c.slo)
 }
 
 impl AnalyzeOptions {
@@ -138,6 +165,10 @@ impl AnalyzeOptions {
             per_second: args.per_second,
             disagreement_threshold_pct: args.disagreement_threshold_pct,
             capacity_min_s: args.capacity_min_s,
+            slo: match &args.config {
+                Some(path) => slo_of_config(path)?,
+                None => crate::slo::SloConfig::default(),
+            },
         })
     }
 }
@@ -158,7 +189,7 @@ pub fn analyze(inputs: &[PathBuf], opts: &AnalyzeOptions) -> anyhow::Result<Repo
 
 /// Analyses already opened sources.
 pub fn analyze_sources(sources: &[input::Source], opts: &AnalyzeOptions) -> anyhow::Result<Report> {
-    let mut p1 = drive::pass1(sources, &opts.filter)?;
+    let mut p1 = drive::pass1(sources, &opts.filter, &opts.slo)?;
     let replay = std::mem::take(&mut p1.replay);
     let timeline: ReplayTimeline = replay.finish();
     let pass2 = p1.pass2()?;

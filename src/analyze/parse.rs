@@ -68,6 +68,22 @@ struct RawLine<'a> {
     tok_s: Option<f64>,
     in_flight_at_start: Option<u32>,
     cold_start: Option<bool>,
+    status: Option<u16>,
+    cached_prompt_tokens: Option<u64>,
+    /// `Some(None)`: the key is there with `null` (not judged); `None`: a line from before the
+    /// verdict existed.
+    #[serde(default, deserialize_with = "present")]
+    slo_ok: Option<Option<bool>>,
+    slo_miss: Option<crate::slo::SloMiss>,
+}
+
+/// A key that is present, whatever its value (`null` included).
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
 }
 
 /// Only the line type, for lines whose other fields did not fit [`RawLine`].
@@ -137,6 +153,15 @@ pub struct LeanRecord<'a> {
     pub tok_s: Option<f64>,
     /// Requests in flight at arrival, itself included.
     pub in_flight_at_start: u32,
+    /// The upstream's (or the proxy's) status.
+    pub status: Option<u16>,
+    /// Prompt tokens served from vLLM's prefix cache.
+    pub cached_prompt_tokens: Option<u64>,
+    /// The logged service-level verdict: `Some(None)` logged as not judged, `None` a line
+    /// written before the verdict existed.
+    pub slo_ok: Option<Option<bool>>,
+    /// What it missed.
+    pub slo_miss: Option<crate::slo::SloMiss>,
     /// First request after an idle gap.
     pub cold_start: bool,
 }
@@ -229,6 +254,10 @@ pub fn parse_line(line: &[u8]) -> Parsed<'_> {
         e2e_ms: raw.e2e_ms,
         tok_s: raw.tok_s,
         in_flight_at_start: ifs,
+        status: raw.status,
+        cached_prompt_tokens: raw.cached_prompt_tokens,
+        slo_ok: raw.slo_ok,
+        slo_miss: raw.slo_miss,
         cold_start: cold,
     })
 }
@@ -247,6 +276,10 @@ impl LeanRecord<'_> {
         r.tok_s = self.tok_s;
         r.in_flight_at_start = self.in_flight_at_start;
         r.cold_start = self.cold_start;
+        r.status = self.status;
+        r.cached_prompt_tokens = self.cached_prompt_tokens;
+        r.slo_ok = self.slo_ok.flatten();
+        r.slo_miss = self.slo_miss;
     }
 }
 
@@ -291,6 +324,8 @@ pub fn scratch_record() -> RequestRecord {
         itl_p99_ms: None,
         tok_s: None,
         decode_tok_s: None,
+        slo_ok: None,
+        slo_miss: None,
         in_flight_at_start: 0,
         cold_start: false,
         finish_reason: None,

@@ -30,6 +30,8 @@ pub struct Report {
     /// The capacity curve from production traffic (all clean time at each level), rows by N;
     /// the `/stats` names.
     pub capacity_production: Vec<crate::meter::levels::ProductionRow>,
+    /// Capacity at the service level: the same view `/stats` gives, from the same counts.
+    pub service_level: crate::meter::service_level::ServiceLevelView,
     /// TTFT by arrival level and the knee.
     pub saturation: Saturation,
     /// Per-user figures, by generated tokens descending.

@@ -1,7 +1,8 @@
 //! The per-request context pass 2 needs, spilled to temporary files during pass 1 so the logs
-//! are parsed only once and memory stays independent of the number of lines: 48 bytes per
+//! are parsed only once and memory stays independent of the number of lines: 49 bytes per
 //! generation request (arrival ns, end ns, tok/s or NaN, `in_flight_at_start`, the first-token
-//! instant, the start of the decode interval and the completion tokens), written in runs
+//! instant, the start of the decode interval, the completion tokens and the service-level
+//! verdict), written in runs
 //! sorted by arrival (at most [`RUN_ENTRIES`] in memory at a time) and read back as one stream in
 //! arrival order by a k-way merge of the runs.
 
@@ -15,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::clock::UnixNanos;
 
 /// Bytes per spilled request.
-pub const ENTRY_BYTES: usize = 48;
+pub const ENTRY_BYTES: usize = 49;
 /// Entries sorted in memory before a run is written (7 MiB).
 pub const RUN_ENTRIES: usize = 1 << 18;
 
@@ -36,6 +37,28 @@ pub struct SpillEntry {
     pub gen_from: UnixNanos,
     /// Completion tokens; NaN when unknown.
     pub completion_tokens: f64,
+    /// The service-level verdict, [`encode_verdict`]'s code.
+    pub slo: u8,
+}
+
+/// A verdict as one byte: 0 not judged, 1 met, 2 + the miss's index in [`SloMiss::ALL`].
+pub fn encode_verdict(v: Option<crate::slo::Verdict>) -> u8 {
+    use crate::slo::SloMiss;
+    match v {
+        None => 0,
+        Some(Ok(())) => 1,
+        Some(Err(m)) => 2 + SloMiss::ALL.iter().position(|x| *x == m).unwrap_or(0) as u8,
+    }
+}
+
+/// The verdict of [`encode_verdict`]'s code.
+pub fn decode_verdict(code: u8) -> Option<crate::slo::Verdict> {
+    use crate::slo::SloMiss;
+    match code {
+        0 => None,
+        1 => Some(Ok(())),
+        c => SloMiss::ALL.get(usize::from(c - 2)).map(|m| Err(*m)),
+    }
 }
 
 impl SpillEntry {
@@ -48,6 +71,7 @@ impl SpillEntry {
         b[28..36].copy_from_slice(&self.first_token.to_le_bytes());
         b[36..44].copy_from_slice(&self.gen_from.to_le_bytes());
         b[44..48].copy_from_slice(&(self.completion_tokens as f32).to_le_bytes());
+        b[48] = self.slo;
         b
     }
 
@@ -70,6 +94,7 @@ impl SpillEntry {
             first_token: u64::from_le_bytes(u64_at(28)),
             gen_from: u64::from_le_bytes(u64_at(36)),
             completion_tokens: f32::from_le_bytes(u32_at(44)) as f64,
+            slo: b[48],
         }
     }
 }
@@ -235,6 +260,7 @@ mod tests {
                 first_token: start + 1,
                 gen_from: start + 1,
                 completion_tokens: 12.0,
+                slo: 3,
             };
             a.push(e).unwrap();
             b.push(SpillEntry {

@@ -58,6 +58,8 @@ pub fn record(
         itl_p50_ms: None,
         itl_p99_ms: None,
         tok_s: rates.tok_s,
+        slo_ok: None,
+        slo_miss: None,
         decode_tok_s: rates.decode_tok_s,
         in_flight_at_start: 1,
         cold_start: false,

@@ -169,7 +169,11 @@ pub async fn spawn_with_time(
         stats_token.clone(),
         tls.clone(),
     );
-    let (meter, meter_thread) = spawn_meter_owned(config.meter.clone());
+    let meter_config = crate::meter::MeterConfig {
+        slo: config.slo,
+        ..config.meter.clone()
+    };
+    let (meter, meter_thread) = spawn_meter_owned(meter_config.clone());
     observers.push(Arc::new(meter.clone()));
     let otlp = match config.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
         Some(endpoint) => {
@@ -189,7 +193,7 @@ pub async fn spawn_with_time(
     {
         resolved
             .iter()
-            .map(|_| spawn_meter_owned(config.meter.clone()))
+            .map(|_| spawn_meter_owned(meter_config.clone()))
             .unzip()
     } else {
         (Vec::new(), Vec::new())
@@ -249,6 +253,7 @@ pub async fn spawn_with_time(
         Duration::from_secs(config.meter.cold_start_idle_s),
     )
     .with_time_source(time)
+    .with_slo(config.slo)
     // An extra guard closes at a time no event marks: then every event is reported alone.
     .with_token_coalescing(config.meter.capacity_guard_extra_ms == 0);
     trackers.per_upstream = upstream_meters

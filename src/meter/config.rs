@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 pub const MAX_HORIZON_S: u64 = 86_400;
 
 /// Settings of the live meter.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MeterConfig {
     /// Seconds of 1-second buckets kept per scope (windows and the live capacity feed read these).
@@ -33,6 +33,10 @@ pub struct MeterConfig {
     pub capacity_guard_max_ms: u64,
     /// Guard added after a newcomer's first token and after each departure, milliseconds.
     pub capacity_guard_extra_ms: u64,
+    /// The service level the capacity headline is read against: the config's `[slo]` table,
+    /// copied here by the composition root (not a key of `[meter]`).
+    #[serde(skip)]
+    pub slo: crate::slo::SloConfig,
 }
 
 impl Default for MeterConfig {
@@ -48,6 +52,7 @@ impl Default for MeterConfig {
             capacity_min_s: 10,
             capacity_guard_max_ms: 1000,
             capacity_guard_extra_ms: 0,
+            slo: crate::slo::SloConfig::default(),
         }
     }
 }

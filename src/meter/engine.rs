@@ -16,6 +16,7 @@ use super::levels::{GuardKey, LevelAttribution};
 use super::prometheus::{PromState, Slot};
 use super::scope::Scope;
 use super::scope_slots::{ScopeSlot, Scopes};
+use super::service_level::VerdictsByLevel;
 use super::timeline::{generation_interval, second_of};
 
 #[derive(Debug, Clone)]
@@ -51,6 +52,8 @@ pub struct Meter {
     pub(super) capacity: CapacityAccumulator,
     /// The production-traffic curve's attribution (aggregate scope).
     pub(super) levels: LevelAttribution,
+    /// Service-level verdicts by arrival level.
+    pub(super) verdicts: VerdictsByLevel,
     finalized_to: u64,
     last_tick_sec: u64,
     pub(super) prom: PromState,
@@ -110,6 +113,7 @@ impl Meter {
             open: HashMap::default(),
             capacity: CapacityAccumulator::new(),
             levels,
+            verdicts: VerdictsByLevel::new(),
             finalized_to: origin_sec,
             last_tick_sec: origin_sec,
             server: None,
@@ -364,6 +368,12 @@ impl Meter {
             ),
             None => record.in_flight_at_start as f64,
         };
+        self.verdicts.add_logged(
+            level.round() as u32,
+            record.slo_ok,
+            record.slo_miss,
+            record.completion_tokens,
+        );
         self.capacity.add_request(&RequestLevel {
             level: level.round() as u32,
             tok_s: record.tok_s,

@@ -22,6 +22,7 @@ pub mod replay;
 pub mod ring;
 pub mod scope;
 mod scope_slots;
+pub mod service_level;
 pub mod snapshot;
 mod stats;
 pub mod summary;

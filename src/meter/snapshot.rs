@@ -125,6 +125,9 @@ pub struct StatsSnapshot {
     /// The capacity curve from production traffic since start: all the clean time at each level
     /// (guards after arrivals excluded), final segments only (the same lag as `capacity`).
     pub capacity_production: Vec<ProductionRow>,
+    /// Capacity at the service level (`[slo]`): the headline, attainment and goodput per level
+    /// of the production-traffic curve, and the fitted decode-step model.
+    pub service_level: super::service_level::ServiceLevelView,
     /// Access-log counters (filled by the caller).
     pub access_log: AccessLogView,
     /// The scraper of the upstream's `/metrics` (filled by the caller); `null` when scraping

@@ -7,6 +7,7 @@ use crate::clock::{UnixNanos, NANOS_PER_SEC};
 use super::engine::Meter;
 use super::levels::production_rows;
 use super::scope::Scope;
+use super::service_level::service_level_view;
 use super::snapshot::{
     AccessLogView, ScopeView, SnapshotError, SnapshotQuery, StatsSnapshot, Windows, STATS_SCHEMA,
 };
@@ -97,6 +98,7 @@ impl Meter {
                     cap.request_figures(n)
                 })
             },
+            service_level: service_level_view(&self.config.slo, &self.verdicts, self.levels.sums()),
             access_log: AccessLogView::default(),
             server_scrape: None,
             upstreams: Vec::new(),
@@ -110,6 +112,10 @@ impl Meter {
     /// build and process metrics, which [`super::prometheus::render_self`] appends).
     pub fn prometheus(&mut self, now: UnixNanos) -> String {
         self.tick(now);
-        self.prom.render(self.in_flight())
+        let mut text = self.prom.render(self.in_flight());
+        self.levels.advance(now);
+        let view = service_level_view(&self.config.slo, &self.verdicts, self.levels.sums());
+        super::prometheus::render_service_level(&mut text, &view.capacity);
+        text
     }
 }

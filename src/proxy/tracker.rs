@@ -18,6 +18,7 @@ use crate::proxy::token_run::{LevelChanges, TokenRun};
 use crate::record::{
     DerivedRates, Outcome, RequestRecord, TokensSource, UserSource, RECORD_SCHEMA,
 };
+use crate::slo::SloConfig;
 
 /// What is shared by all requests of one proxy.
 pub struct TrackerShared {
@@ -34,6 +35,8 @@ pub struct TrackerShared {
     time: TimeSource,
     /// What token reports are coalesced against.
     level_changes: LevelChanges,
+    /// The service level each finished request is judged against.
+    slo: SloConfig,
 }
 
 impl TrackerShared {
@@ -48,7 +51,15 @@ impl TrackerShared {
             id_prefix,
             time: TimeSource::real(),
             level_changes: LevelChanges::default(),
+            slo: SloConfig::default(),
         }
+    }
+
+    /// The same, judging requests against `slo` (default: [`SloConfig::default`]).
+    #[must_use]
+    pub fn with_slo(mut self, slo: SloConfig) -> Self {
+        self.slo = slo;
+        self
     }
 
     /// Token reports coalesced per request and second (on by default) or made per event; see
@@ -478,7 +489,9 @@ impl Tracker {
             }
             o => o,
         };
-        let record = Arc::new(self.record(outcome, error, now));
+        let mut record = self.record(outcome, error, now);
+        record.judge(&self.shared.slo);
+        let record = Arc::new(record);
         for o in &self.shared.observers {
             o.finished(self.id, now_ns, &record, self.announced);
         }
@@ -545,6 +558,8 @@ impl Tracker {
             itl_p99_ms: itl_stat(|h| h.quantile_ms(0.99)),
             tok_s: rates.tok_s,
             decode_tok_s: rates.decode_tok_s,
+            slo_ok: None,
+            slo_miss: None,
             in_flight_at_start: self.in_flight_at_start,
             cold_start: self.cold,
             finish_reason: self.finish_reason.take(),

@@ -20,3 +20,4 @@ mod meter_props;
 mod meter_timeline;
 mod meter_vs_sim;
 mod meter_windows;
+mod service_level;
