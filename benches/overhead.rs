@@ -2,7 +2,9 @@
 //!
 //! `cargo bench --bench overhead -- [--quick] [options]`; `scripts/overhead.sh` prepares and runs it.
 //! The harness starts its own processes (simulator, two tokenmeter instances, nginx) on loopback so it
-//! can restart the simulator at a slower pace for the ramp, and kills every child on exit.
+//! can restart the simulator at a slower pace for the ramp, and kills every child on exit. The
+//! `peers` phase puts Python peers on both sides instead (`benches/peers/`: an asyncio upstream
+//! and two clients, plain asyncio and the `openai` SDK), in the interpreter `--python` names.
 
 // Test and bench code: a failed unwrap fails the run loudly, and its items need no docs.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -62,6 +64,16 @@ pub struct Opts {
     pub tm_env: Vec<(String, String)>,
     /// The request every arm is sent.
     pub shape: client::Shape,
+    /// The Python interpreter of the peers phase (a virtualenv with `tests/sdk/requirements.txt`).
+    pub python: Option<PathBuf>,
+    /// Rounds of the peers phase.
+    pub peer_rounds: usize,
+    /// Events per request in the peers phase.
+    pub peer_events: u64,
+    /// The Python upstream's gap between events, ms.
+    pub peer_gap_ms: f64,
+    /// The peers phase's clients (`raw`, `sdk`), comma-separated.
+    pub peer_clients: String,
 }
 
 const HELP: &str =
@@ -71,7 +83,10 @@ const HELP: &str =
   --bin PATH | --bin-before PATH (an earlier build, arms tokenmeter_before[_nometer]) | --nginx PATH|none | --nginx-workers 1|auto | --out DIR | --tm-env KEY=VALUE
   --shape completions|chat-bearer | --ttft-rounds 0 (TTFT from the event rounds)
   --issue19: issue 19's latency method (1 stream, 200 rounds of 16 events 2 ms apart, chat-bearer,
-             TTFT from the same requests; latency phase only)";
+             TTFT from the same requests; latency phase only)
+  --phases peers: Python peers (benches/peers/) on both sides: --python PATH (default target/peers-venv/bin/python)
+  --peer-rounds 200 | --peer-events 16 | --peer-gap-ms 2 | --peer-clients raw,sdk
+  --issue37: the peers phase alone, with its defaults";
 
 fn list<T: std::str::FromStr>(s: &str) -> anyhow::Result<Vec<T>> {
     s.split(',')
@@ -115,6 +130,11 @@ fn parse_opts() -> anyhow::Result<Opts> {
         out_dir: root.join("benches/results"),
         tm_env: Vec::new(),
         shape: client::Shape::Completions,
+        python: Some(target.join("peers-venv/bin/python")).filter(|p| p.exists()),
+        peer_rounds: 200,
+        peer_events: 16,
+        peer_gap_ms: 2.0,
+        peer_clients: "raw,sdk".into(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -140,6 +160,12 @@ fn parse_opts() -> anyhow::Result<Opts> {
                 o.shape = client::Shape::ChatBearer;
                 o.phases = vec!["latency".into()];
             }
+            "--issue37" => o.phases = vec!["peers".into()],
+            "--python" => o.python = Some(val()?.into()),
+            "--peer-rounds" => o.peer_rounds = val()?.parse()?,
+            "--peer-events" => o.peer_events = val()?.parse()?,
+            "--peer-gap-ms" => o.peer_gap_ms = val()?.parse()?,
+            "--peer-clients" => o.peer_clients = val()?,
             "--shape" => o.shape = client::Shape::parse(&val()?)?,
             "--rounds" => o.rounds = list(&val()?)?,
             "--ttft-rounds" => o.ttft_rounds = list(&val()?)?,
@@ -231,6 +257,7 @@ fn main() -> anyhow::Result<()> {
     let has = |p: &str| o.phases.iter().any(|x| x == p);
     let start_env = |gap_ms: f64, stamp_events: bool| {
         procs::Env::start(&procs::EnvSpec {
+            python: None,
             bin: &o.bin,
             bin_before: o.bin_before.as_deref(),
             nginx: o.nginx.as_deref(),
@@ -241,6 +268,23 @@ fn main() -> anyhow::Result<()> {
             tm_env: &o.tm_env,
         })
     };
+    if has("peers") {
+        let python = o.python.as_deref().ok_or_else(|| {
+            anyhow::anyhow!("the peers phase needs --python (scripts/overhead.sh makes the virtualenv)")
+        })?;
+        let e = procs::Env::start(&procs::EnvSpec {
+            bin: &o.bin,
+            bin_before: o.bin_before.as_deref(),
+            nginx: o.nginx.as_deref(),
+            nginx_workers: &o.nginx_workers,
+            gap_ms: o.peer_gap_ms,
+            stamp_events: true,
+            dir: &dir,
+            tm_env: &o.tm_env,
+            python: Some(python),
+        })?;
+        res.insert("peers".into(), phases::peers(&e, &o, python)?);
+    }
     let mut env = None;
     if has("latency") {
         let e = env.insert(start_env(o.gap_ms, true)?);
@@ -270,7 +314,7 @@ fn main() -> anyhow::Result<()> {
         "loadavg_before": load_before, "loadavg_after": support::loadavg(), "seconds": started.elapsed().as_secs_f64(),
         "nginx_workers": o.nginx.as_ref().map(|_| o.nginx_workers.clone()), "events_per_request": o.events,
         "gap_ms": o.gap_ms, "cpu_gap_ms": o.cpu_gap_ms, "cpu_events_stamped": o.cpu_stamped, "nofile_limit": nofile, "ramp_steps": o.ramp, "concurrency": o.concurrency, "rounds": o.rounds, "ttft_rounds": o.ttft_rounds, "tm_env": o.tm_env,
-        "shape": o.shape.name(), "git_head": git_head(), "bin": o.bin, "bin_before": o.bin_before,
+        "shape": o.shape.name(), "peer_rounds": o.peer_rounds, "peer_events": o.peer_events, "peer_gap_ms": o.peer_gap_ms, "peer_clients": o.peer_clients, "python": o.python, "git_head": git_head(), "bin": o.bin, "bin_before": o.bin_before,
     });
     res.insert("meta".into(), meta);
     let all = serde_json::Value::Object(res);

@@ -331,3 +331,34 @@ pub async fn ramp(env: &Env, o: &Opts) -> Value {
     }
     Value::Object(out)
 }
+
+/// Peers: the Python clients (`benches/peers/ab_client.py`: plain asyncio and the `openai` SDK)
+/// against every arm, in front of the Python upstream `env` was started with; interleaved rounds,
+/// added TTFT paired with the same client's direct request in the same round. Returns the
+/// client's JSON with the load average at the end.
+pub fn peers(env: &Env, o: &Opts, python: &std::path::Path) -> anyhow::Result<Value> {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers/ab_client.py");
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg(script)
+        .args(["--rounds", &o.peer_rounds.to_string()])
+        .args(["--events", &o.peer_events.to_string()])
+        .args(["--clients", &o.peer_clients]);
+    for arm in ARMS {
+        if let Some(addr) = addr_of(env, arm) {
+            cmd.args(["--arm", &format!("{arm}={addr}")]);
+        }
+    }
+    let t = Instant::now();
+    let out = cmd.stderr(std::process::Stdio::inherit()).output()?;
+    anyhow::ensure!(out.status.success(), "ab_client.py failed: {}", out.status);
+    let mut v: Value = serde_json::from_slice(&out.stdout)?;
+    eprintln!(
+        "peers: {} rounds in {:.1} s, load {}",
+        o.peer_rounds,
+        t.elapsed().as_secs_f64(),
+        crate::support::loadavg()
+    );
+    v["loadavg_end"] = json!(crate::support::loadavg());
+    Ok(v)
+}

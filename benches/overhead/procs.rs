@@ -1,4 +1,5 @@
-//! The processes under test: simulator, two tokenmeter instances and nginx, started and killed here.
+//! The processes under test: the upstream (the simulator, or the Python mock of the peers phase),
+//! two tokenmeter instances and nginx, started and killed here.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -36,7 +37,7 @@ impl Drop for Proc {
 
 /// Everything one measurement phase runs against, all on loopback.
 pub struct Env {
-    /// The simulator's address.
+    /// The upstream's address (the simulator, or the Python mock).
     pub sim: SocketAddr,
     /// tokenmeter with metering on.
     pub tm: SocketAddr,
@@ -72,6 +73,9 @@ pub struct EnvSpec<'a> {
     pub dir: &'a Path,
     /// Extra environment for both tokenmeter instances (e.g. `TOKIO_WORKER_THREADS=1`).
     pub tm_env: &'a [(String, String)],
+    /// The upstream: the simulator when `None`, else this Python interpreter running
+    /// `benches/peers/mock_upstream.py` (the peers phase), at the same gap.
+    pub python: Option<&'a Path>,
 }
 
 fn free_port() -> std::io::Result<SocketAddr> {
@@ -153,22 +157,30 @@ impl Env {
         let mut procs = Vec::new();
         let sim = free_port()?;
         let gap = spec.gap_ms.to_string();
-        let child = Command::new(spec.bin)
-            .args([
-                "sim",
-                "--listen",
-                &sim.to_string(),
-                "--fixed-pace",
-                "--fixed-ttft-ms",
-                "0",
-            ])
-            .args(["--fixed-gap-ms", &gap, "--max-num-seqs", "100000"])
-            .args(spec.stamp_events.then_some("--stamp-events"))
-            .stdout(Stdio::null())
-            .stderr(log_file(spec.dir, "sim.log")?)
-            .spawn()?;
+        let child = match spec.python {
+            None => Command::new(spec.bin)
+                .args([
+                    "sim",
+                    "--listen",
+                    &sim.to_string(),
+                    "--fixed-pace",
+                    "--fixed-ttft-ms",
+                    "0",
+                ])
+                .args(["--fixed-gap-ms", &gap, "--max-num-seqs", "100000"])
+                .args(spec.stamp_events.then_some("--stamp-events"))
+                .stdout(Stdio::null())
+                .stderr(log_file(spec.dir, "sim.log")?)
+                .spawn()?,
+            Some(python) => Command::new(python)
+                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers/mock_upstream.py"))
+                .args(["--listen", &sim.to_string(), "--gap-ms", &gap])
+                .stdout(Stdio::null())
+                .stderr(log_file(spec.dir, "mock.log")?)
+                .spawn()?,
+        };
         procs.push(Proc { child });
-        wait_ready(sim, "simulator")?;
+        wait_ready(sim, "upstream")?;
         let mut pids = Vec::new();
         let mut serve =
             |name: &'static str, bin: &Path, extra: &[&str]| -> anyhow::Result<SocketAddr> {

@@ -67,6 +67,7 @@ pub fn print(all: &Value, o: &Opts) {
             );
         }
     }
+    print_peers(all);
     println!("\n## Proxy cost\n");
     println!("| arm | CPU µs/request | CPU µs/event | idle RSS KiB | RSS KiB/stream (per ramp step) | max streams, 0 errors |");
     println!("|---|---|---|---|---|---|");
@@ -118,6 +119,38 @@ pub fn print(all: &Value, o: &Opts) {
     println!();
 }
 
+/// The peers phase's table: per Python client and arm.
+fn print_peers(all: &Value) {
+    let Some(p) = all.get("peers") else { return };
+    println!(
+        "\n## Python peers: {} rounds of {} events, load at the end {} (µs; TTFT paired with the same client's direct request in the round)\n",
+        p["rounds"], p["events_per_request"], p["loadavg_end"].as_str().unwrap_or("?")
+    );
+    println!("| client | arm | TTFT p50 raw | head p50 raw | +TTFT p50 | +TTFT p90 | +event p50 | +event p99 | first event with head | errors |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let Some(clients) = p["clients"].as_object() else {
+        return;
+    };
+    for (client, arms) in clients {
+        for arm in crate::phases::ARMS {
+            let Some(a) = arms.get(arm) else { continue };
+            println!(
+                "| {client} | {arm} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                cell(num(a, &["ttft_us_p50"])),
+                cell(num(a, &["head_us_p50"])),
+                cell(num(a, &["added_ttft_us", "p50"])),
+                cell(num(a, &["added_ttft_us", "p90"])),
+                cell(num(a, &["added_event_delay_us", "p50"])),
+                cell(num(a, &["added_event_delay_us", "p99"])),
+                a["first_event_with_head"]
+                    .as_f64()
+                    .map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
+                a["errors"]
+            );
+        }
+    }
+}
+
 fn verdict(ok: Option<bool>, detail: String) -> String {
     match ok {
         Some(true) => format!("MET ({detail})"),
@@ -131,6 +164,7 @@ pub fn targets(all: &Value) -> Vec<(&'static str, String)> {
     let lat = |c: &str, arm: &str, k: &str| num(all, &["latency", c, arm, k, "p50"]);
     let cpu = |arm: &str| num(all, &["cpu", arm, "cpu_us_per_event"]);
     let mut v = Vec::new();
+    peer_targets(all, &mut v);
     let (t, n) = (
         lat("1", "tokenmeter", "added_ttft_us"),
         lat("1", "nginx", "added_ttft_us"),
@@ -217,4 +251,39 @@ pub fn targets(all: &Value) -> Vec<(&'static str, String)> {
         ),
     ));
     v
+}
+
+/// The peers phase's targets, per Python client: added TTFT p50 ≤ nginx + 30 µs, added per-event
+/// delay p50 ≤ nginx + 10 µs.
+fn peer_targets(all: &Value, v: &mut Vec<(&'static str, String)>) {
+    let peer = |c: &str, arm: &str, k: &str| num(all, &["peers", "clients", c, arm, k, "p50"]);
+    for (c, ttft_name, event_name) in [
+        (
+            "raw",
+            "Python asyncio peers: added TTFT p50 ≤ nginx + 30 µs",
+            "Python asyncio peers: added per-event delay p50 ≤ nginx + 10 µs",
+        ),
+        (
+            "sdk",
+            "openai SDK client: added TTFT p50 ≤ nginx + 30 µs",
+            "openai SDK client: added per-event delay p50 ≤ nginx + 10 µs",
+        ),
+    ] {
+        if all.get("peers").and_then(|p| p["clients"].get(c)).is_none() {
+            continue;
+        }
+        for (name, key, slack) in [
+            (ttft_name, "added_ttft_us", 30.0),
+            (event_name, "added_event_delay_us", 10.0),
+        ] {
+            let (t, n) = (peer(c, "tokenmeter", key), peer(c, "nginx", key));
+            v.push((
+                name,
+                verdict(
+                    t.zip(n).map(|(t, n)| t <= n + slack),
+                    format!("tokenmeter {} µs, nginx {} µs", cell(t), cell(n)),
+                ),
+            ));
+        }
+    }
 }

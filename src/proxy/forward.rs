@@ -2,7 +2,9 @@
 //! headers and the optional usage request), and hand the response back through a metered body.
 
 use std::net::SocketAddr;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -24,10 +26,10 @@ use crate::proxy::pool::PooledBody;
 use crate::proxy::request::{inject_include_usage, RequestInfo};
 use crate::proxy::sniff::Verdict;
 use crate::proxy::state::ProxyState;
-use crate::proxy::tracker::{RequestMeta, Tracker};
+use crate::proxy::tracker::{DeferredIdentity, RequestMeta, Tracker};
 use crate::proxy::upstream_error::classify_client_error;
 use crate::proxy::ProxyBody;
-use crate::record::Outcome;
+use crate::record::{Outcome, UserSource};
 use crate::sse::SseScanner;
 use crate::traceparent::TraceParent;
 
@@ -87,6 +89,50 @@ pub async fn handle(
     Ok(resp)
 }
 
+/// Fills a request's identity, user agent and trace from the head's fields that say them, kept
+/// (reference-counted, not copied) before the head is edited for the upstream: the forwarder
+/// runs it once the request is on its way ([`Tracker::defer_identity`]).
+fn deferred_identity(
+    headers: &http::HeaderMap,
+    users: &Arc<crate::config::UsersConfig>,
+    path_user: Option<&str>,
+    remote: SocketAddr,
+    log_client_ip: bool,
+) -> DeferredIdentity {
+    let mut kept = http::HeaderMap::with_capacity(8);
+    for (name, v) in headers {
+        let n = name.as_str();
+        if name == header::AUTHORIZATION
+            || name == header::USER_AGENT
+            || n == identity::X_API_KEY
+            || n == "traceparent"
+            || n.eq_ignore_ascii_case(&users.header)
+        {
+            kept.append(name.clone(), v.clone());
+        }
+    }
+    let users = users.clone();
+    let path_user = path_user.map(str::to_string);
+    Box::new(move |meta: &mut RequestMeta, body_user: Option<&str>| {
+        let (user, source) = identity::identify(
+            &users,
+            &Clues {
+                path_user: path_user.as_deref(),
+                headers: &kept,
+                body_user,
+                client_ip: remote.ip(),
+            },
+        );
+        meta.user = user.into();
+        meta.user_source = source;
+        meta.user_agent = user_agent(&kept);
+        meta.client_ip = log_client_ip.then(|| remote.ip().to_string());
+        meta.trace = kept
+            .get("traceparent")
+            .and_then(|v| TraceParent::parse(v.as_bytes()));
+    })
+}
+
 /// A client's request id is kept when it is 1 to 128 visible ASCII characters (what fits a log
 /// line and a header unchanged); anything else is replaced by the proxy's own.
 fn valid_request_id(v: &HeaderValue) -> Option<&str> {
@@ -130,38 +176,31 @@ async fn forward(
     let (path_user, fwd_path) = (split.user, split.path);
     let api = crate::dialect::detect(fwd_path);
     let metered = cfg.metering && api.is_some();
-    let clues = |body_user: Option<&str>, headers: &http::HeaderMap| {
-        identity::identify(
-            &users,
-            &Clues {
-                path_user,
-                headers,
-                body_user,
-                client_ip: remote.ip(),
-            },
-        )
-    };
-    let (user, user_source) = clues(None, &parts.headers);
+    // Identity, user agent and trace are filled in later (`Tracker::defer_identity`).
     let meta = RequestMeta {
-        user: user.into(),
-        user_source,
+        user: Arc::from(""),
+        user_source: UserSource::Ip,
         model: None,
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),
         client_request_id: client_id,
-        user_agent: user_agent(&parts.headers),
-        client_ip: cfg.access_log_client_ip.then(|| remote.ip().to_string()),
+        user_agent: None,
+        client_ip: None,
         api,
         stream: None,
         n: None,
         bytes_in: 0,
-        trace: parts
-            .headers
-            .get("traceparent")
-            .and_then(|v| TraceParent::parse(v.as_bytes())),
+        trace: None,
     };
     let client_rid = meta.client_request_id.as_deref().map(HeaderValue::from_str);
     let mut tracker = Tracker::start(state.trackers.clone(), t0, meta, metered);
+    tracker.defer_identity(deferred_identity(
+        &parts.headers,
+        &users,
+        path_user,
+        remote,
+        cfg.access_log_client_ip,
+    ));
     *request_id = match client_rid {
         Some(v) => v.ok(),
         None => HeaderValue::from_str(tracker.request_id().as_str()).ok(),
@@ -201,15 +240,12 @@ async fn forward(
     let mut as_stream: Option<(Box<dyn Fold>, &'static dyn Dialect)> = None;
     if let Some(api) = api {
         let info = RequestInfo::parse(&body);
-        // Only the body's `user` can change the answer given before the body was read.
-        if info.user.is_some() {
-            let (user, source) = clues(info.user.as_deref(), &parts.headers);
-            meta.user = user.into();
-            meta.user_source = source;
-        }
         meta.model = info.model.as_deref().map(Arc::from);
         meta.stream = info.stream;
         meta.n = info.n;
+        if let Some(user) = &info.user {
+            tracker.set_body_user(user.clone());
+        }
         let asks = api.dialect().stream_usage() == StreamUsage::IncludeUsageOption;
         if metered
             && asks
@@ -235,7 +271,6 @@ async fn forward(
         }
     }
     let model = tracker.meta_mut().model.clone();
-    tracker.admit();
 
     let query = parts.uri.query();
     let headers = &mut parts.headers;
@@ -289,6 +324,7 @@ async fn forward(
         let index = l.index;
         // A path that makes no URI is the client's; the replica's parts are always valid.
         let Some(uri) = l.upstream.target.uri(fwd_path, query) else {
+            tracker.admit();
             return reject(
                 tracker,
                 ProxyError::bad_request("The request path is not valid."),
@@ -308,7 +344,18 @@ async fn forward(
         up.headers_mut()
             .insert(header::HOST, l.upstream.host.clone());
         tracker.route(l);
-        match tokio::time::timeout(headers_timeout, state.pool.request(up)).await {
+        let attempt = tokio::time::timeout(headers_timeout, state.pool.request(up));
+        let mut attempt = std::pin::pin!(attempt);
+        // One poll writes the request on a kept connection; the bookkeeping that shapes nothing
+        // sent (identification, telling the observers) runs while the upstream works on it, off
+        // the path to the first token. Admitting is idempotent: a retry's attempt skips it.
+        let first = std::future::poll_fn(|cx| Poll::Ready(attempt.as_mut().poll(cx))).await;
+        tracker.admit();
+        let answered = match first {
+            Poll::Ready(r) => r,
+            Poll::Pending => attempt.await,
+        };
+        match answered {
             Ok(Ok(r)) if r.status().is_server_error() => {
                 state.health.upstream_answered(index);
                 load = failed_attempt(ups, index, model.as_deref(), &mut retried);

@@ -114,6 +114,10 @@ pub struct RequestMeta {
     pub trace: Option<crate::traceparent::TraceParent>,
 }
 
+/// What fills the meta's identity (user, user agent, trace) from the request's head, given the
+/// body's `user`: run once, when the request is on its way upstream or when it ends before.
+pub type DeferredIdentity = Box<dyn FnOnce(&mut RequestMeta, Option<&str>) + Send>;
+
 /// Measurement state of one request.
 pub struct Tracker {
     shared: Arc<TrackerShared>,
@@ -161,6 +165,10 @@ pub struct Tracker {
     ttft_source: Option<&'static str>,
     /// Why a non-streamed request was not sent as a stream, or fell back to pass-through.
     ttft_fallback: Option<&'static str>,
+    /// The meta's identity, not yet worked out ([`Tracker::defer_identity`]).
+    identity: Option<DeferredIdentity>,
+    /// The body's `user`, for the deferred identity.
+    body_user: Option<String>,
     done: bool,
 }
 
@@ -214,7 +222,28 @@ impl Tracker {
             upstream_announced: false,
             ttft_source: None,
             ttft_fallback: None,
+            identity: None,
+            body_user: None,
             done: false,
+        }
+    }
+
+    /// Leaves the meta's identity to `fill`, run once before anything reads it: when the request
+    /// is admitted or ends. Identification (a key's SHA-256, the user agent's copy) shapes
+    /// nothing sent upstream, so the forwarder sends the request first.
+    pub fn defer_identity(&mut self, fill: DeferredIdentity) {
+        self.identity = Some(fill);
+    }
+
+    /// The body named a `user`: the deferred identity considers it.
+    pub fn set_body_user(&mut self, user: String) {
+        self.body_user = Some(user);
+    }
+
+    /// Runs the deferred identity, if any is pending.
+    fn settle_identity(&mut self) {
+        if let Some(fill) = self.identity.take() {
+            fill(&mut self.meta, self.body_user.as_deref());
         }
     }
 
@@ -261,9 +290,10 @@ impl Tracker {
         &mut self.meta
     }
 
-    /// The request was read and will be forwarded: its identity in the meta is final, and
+    /// The request was read and is being forwarded: its identity in the meta is settled, and
     /// observers hear of it.
     pub fn admit(&mut self) {
+        self.settle_identity();
         if self.metered && !self.announced {
             self.announced = true;
             self.waiting = true;
@@ -470,6 +500,7 @@ impl Tracker {
             return;
         }
         self.done = true;
+        self.settle_identity();
         let now_ns = Clock::global().at(now);
         if self.metered {
             self.shared.in_flight.depart(now_ns);
