@@ -270,7 +270,9 @@ fn main() -> anyhow::Result<()> {
     };
     if has("peers") {
         let python = o.python.as_deref().ok_or_else(|| {
-            anyhow::anyhow!("the peers phase needs --python (scripts/overhead.sh makes the virtualenv)")
+            anyhow::anyhow!(
+                "the peers phase needs --python (scripts/overhead.sh makes the virtualenv)"
+            )
         })?;
         let e = procs::Env::start(&procs::EnvSpec {
             bin: &o.bin,

@@ -123,11 +123,11 @@ pub fn print(all: &Value, o: &Opts) {
 fn print_peers(all: &Value) {
     let Some(p) = all.get("peers") else { return };
     println!(
-        "\n## Python peers: {} rounds of {} events, load at the end {} (µs; TTFT paired with the same client's direct request in the round)\n",
+        "\n## Python peers: {} rounds of {} events, load at the end {} (µs; TTFT paired with the same client's direct request in the round; there = request start to the upstream's read of it, back = from there to the first event, raw client only)\n",
         p["rounds"], p["events_per_request"], p["loadavg_end"].as_str().unwrap_or("?")
     );
-    println!("| client | arm | TTFT p50 raw | head p50 raw | +TTFT p50 | +TTFT p90 | +event p50 | +event p99 | first event with head | errors |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| client | arm | TTFT p50 raw | head p50 raw | +TTFT p50 | +TTFT p90 | +there p50 | +back p50 | +event p50 | +event p99 | first event with head | errors |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let Some(clients) = p["clients"].as_object() else {
         return;
     };
@@ -135,11 +135,13 @@ fn print_peers(all: &Value) {
         for arm in crate::phases::ARMS {
             let Some(a) = arms.get(arm) else { continue };
             println!(
-                "| {client} | {arm} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {client} | {arm} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 cell(num(a, &["ttft_us_p50"])),
                 cell(num(a, &["head_us_p50"])),
                 cell(num(a, &["added_ttft_us", "p50"])),
                 cell(num(a, &["added_ttft_us", "p90"])),
+                cell(num(a, &["added_way_there_us_p50"])),
+                cell(num(a, &["added_way_back_us_p50"])),
                 cell(num(a, &["added_event_delay_us", "p50"])),
                 cell(num(a, &["added_event_delay_us", "p99"])),
                 a["first_event_with_head"]

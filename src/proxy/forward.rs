@@ -1,8 +1,8 @@
 //! One request's trip: read and identify it, forward it upstream unchanged (but for hop-by-hop
 //! headers and the optional usage request), and hand the response back through a metered body.
 
-use std::net::SocketAddr;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;

@@ -370,3 +370,35 @@ async fn a_canary_key_never_reaches_the_log_or_any_answer() {
     assert_eq!(lines[0]["user_source"], "key_hash");
     assert_eq!(lines[0]["path"], CHAT, "query string is not logged");
 }
+
+/// Identification runs after the request is written upstream (`Tracker::defer_identity`): a
+/// request that ends before that, here a client that leaves in the middle of its body, is still
+/// logged with its user, its user's source and its user agent, as is one that is forwarded.
+#[tokio::test]
+async fn the_user_is_recorded_whether_or_not_the_request_reached_the_upstream() {
+    let fx = fixture("01_chat_nonstream.http");
+    let up = FakeUpstream::start(vec![fx.script(Duration::ZERO)]).await;
+    let proxy = TestProxy::start(&up.url(), |_| {}).await;
+    let headers = [
+        ("authorization", "Bearer sk-some-key"),
+        ("user-agent", "agent/1.0"),
+    ];
+    let whole = post(CHAT, r#"{"model":"m","messages":[]}"#, &headers);
+    raw_request(proxy.addr, &whole).await;
+    // The head promises 27 body bytes; 5 arrive before the client leaves.
+    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+    c.write_all(&whole[..whole.len() - 22]).await.unwrap();
+    c.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest).await;
+    let lines = proxy.finish().await;
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let pseudonym = tokenmeter::proxy::identity::key_pseudonym("sk-some-key");
+    for l in &lines {
+        assert_eq!(l["user"], pseudonym.as_str(), "{l}");
+        assert_eq!(l["user_source"], "key_hash", "{l}");
+        assert_eq!(l["user_agent"], "agent/1.0", "{l}");
+    }
+    assert_eq!(lines[0]["status"], 200);
+    assert_ne!(lines[1]["status"], 200, "{}", lines[1]);
+}
