@@ -276,6 +276,41 @@ fn check_config_prints_toml_that_is_accepted_again_with_secrets_redacted() {
 }
 
 #[test]
+fn serve_names_each_config_problem_once_and_all_in_one_run() {
+    let out = tokenmeter()
+        .args(["serve", "--upstream", "127.0.0.1:8000"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches("upstream: `127.0.0.1:8000`").count(),
+        1,
+        "{err}"
+    );
+    assert!(!err.contains("problems"), "one problem: {err}");
+    assert!(
+        err.contains("did you mean `http://127.0.0.1:8000`?"),
+        "{err}"
+    );
+    // An unknown key and an ill-typed value: both named, in one run.
+    let out = tokenmeter()
+        .args(["serve", "--set", "timeouts.conect_ms=1"])
+        .args(["--set", "max_header_bytes=big"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "2 problems",
+        "timeouts.conect_ms: unknown field `conect_ms`",
+        "max_header_bytes: invalid type: string \"big\"",
+    ] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}
+
+#[test]
 fn check_config_reports_every_problem_and_exits_2() {
     let out = tokenmeter()
         .args(["serve", "--check-config", "--set", "timeouts.connect_ms=0"])
