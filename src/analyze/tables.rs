@@ -217,7 +217,13 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
                 s.requests, s.generation_requests
             ),
         ],
-        vec!["Errors".into(), s.errors.to_string()],
+        vec![
+            "Errors".into(),
+            format!(
+                "{} of the server (upstream_error, upstream_aborted, timeout, proxy_error); {} the client's own (client_error: its request refused)",
+                s.errors, s.client_errors
+            ),
+        ],
         vec!["Users".into(), s.users.to_string()],
         vec!["Models".into(), models],
         vec![

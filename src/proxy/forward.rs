@@ -532,8 +532,9 @@ async fn read_body(
     }
 }
 
+/// Refuses the request for the client's fault (`client_error`: not an error of the box).
 fn reject(tracker: Tracker, err: ProxyError, why: &str) -> Response<ProxyBody> {
-    respond_error(tracker, err, Outcome::ProxyError, why)
+    respond_error(tracker, err, Outcome::ClientError, why)
 }
 
 fn respond_error(

@@ -330,6 +330,7 @@ async fn a_canary_secret_appears_nowhere_even_with_debug_logging() {
     assert_eq!(access.lines().count(), 5, "{access}");
     for outcome in [
         "\"ok\"",
+        "\"client_error\"",
         "\"upstream_error\"",
         "\"timeout\"",
         "\"client_aborted\"",

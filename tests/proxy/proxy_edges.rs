@@ -200,7 +200,7 @@ async fn oversized_body_is_413_and_oversized_head_is_431_without_reaching_upstre
     );
     assert!(lines
         .iter()
-        .all(|l| l["outcome"] == "proxy_error" && l["status"] == 413));
+        .all(|l| l["outcome"] == "client_error" && l["status"] == 413));
     assert!(up.seen.try_recv().is_err(), "nothing reached the upstream");
 }
 

@@ -111,3 +111,67 @@ async fn stats_token_and_admin_listener() {
         .starts_with("GET /stats "));
     proxy.stop().await;
 }
+
+/// vLLM refusing a bad request (404 unknown model) and the proxy refusing one itself (413) are
+/// the client's faults: `client_error`, counted apart from the box's errors in the totals, the
+/// window and Prometheus; a 500 is the server's.
+#[tokio::test]
+async fn client_faults_are_counted_apart_from_the_errors_of_the_box() {
+    let server_error = "HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+    let up = FakeUpstream::start(vec![
+        fixture("e02_unknown_model.http").script(Duration::ZERO),
+        Script {
+            steps: vec![Step::Raw(Duration::ZERO, server_error.as_bytes().to_vec())],
+        },
+    ])
+    .await;
+    let time = tokenmeter::clock::TimeSource::manual();
+    let proxy = TestProxy::start_with_time(&up.url(), time.clone(), |c| {
+        c.max_request_body_bytes = 100;
+    })
+    .await;
+    let chat = "/v1/chat/completions";
+    let r = raw_request(proxy.addr, &post(chat, r#"{"model":"nope"}"#, &[])).await;
+    assert_eq!(r.status, 404);
+    let r = raw_request(proxy.addr, &post(chat, &"x".repeat(200), &[])).await;
+    assert_eq!(r.status, 413);
+    let r = raw_request(proxy.addr, &post(chat, r#"{"model":"m"}"#, &[])).await;
+    assert_eq!(r.status, 500);
+    // Close the second the three finished in, so the 10 s window holds it.
+    time.advance(Duration::from_secs(2));
+    let v = raw_request(
+        proxy.addr,
+        b"GET /stats?window=10s HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .json();
+    assert_schema("stats.schema.json", &v);
+    let t = &v["totals"];
+    assert_eq!(t["outcomes"]["client_error"], 2, "{t}");
+    assert_eq!(t["outcomes"]["upstream_error"], 1, "{t}");
+    assert_eq!(t["errors"], 1, "only the 500 is an error of the box: {t}");
+    let w = &v["windows"]["10s"];
+    assert_eq!(
+        (&w["errors"], &w["client_errors"]),
+        (&1.into(), &2.into()),
+        "{w}"
+    );
+    let metrics = raw_request(
+        proxy.addr,
+        b"GET /stats/metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    let text = String::from_utf8(metrics.body).unwrap();
+    for series in [
+        "tokenmeter_requests_total{model=\"nope\",api=\"chat\",outcome=\"client_error\",status=\"4xx\"} 1",
+        "tokenmeter_requests_total{model=\"m\",api=\"chat\",outcome=\"upstream_error\",status=\"5xx\"} 1",
+    ] {
+        assert!(text.contains(series), "{series} missing:\n{text}");
+    }
+    let lines = proxy.finish().await;
+    let outcomes: Vec<&str> = lines
+        .iter()
+        .map(|l| l["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["client_error", "client_error", "upstream_error"]);
+}
