@@ -115,7 +115,7 @@ pub enum UserSource {
     Header,
     /// The configured API-key to name map.
     KeyMap,
-    /// The request body's `user` field.
+    /// The request body's `user` field, or Anthropic's `metadata.user_id` when there is no `user`.
     Body,
     /// A pseudonym derived from the bearer key: `key-` + 8 hex of its SHA-256.
     KeyHash,

@@ -242,6 +242,15 @@ async fn each_user_source_is_recorded() {
             post(CHAT, no_user, &[("authorization", "Bearer sk-unknown")]),
         ),
         ("127.0.0.1/ip".into(), post(CHAT, no_user, &[])),
+        // Anthropic Messages: no key, the user in metadata.user_id (as load --api messages sends it).
+        (
+            "erin/body".into(),
+            post(
+                "/v1/messages",
+                r#"{"model":"m","max_tokens":5,"messages":[],"metadata":{"user_id":"erin"}}"#,
+                &[],
+            ),
+        ),
     ];
     for (_, r) in &cases {
         assert_eq!(raw_request(proxy.addr, r).await.status, 200);
