@@ -175,3 +175,49 @@ async fn client_faults_are_counted_apart_from_the_errors_of_the_box() {
         .collect();
     assert_eq!(outcomes, ["client_error", "client_error", "upstream_error"]);
 }
+
+/// The stats API's own 404 and 405 are JSON in its error shape, on the main listener (where
+/// only `/stats*` is the proxy's) and on `admin_listen` alike.
+#[tokio::test]
+async fn stats_404_and_405_are_json_errors() {
+    let up = FakeUpstream::start(vec![fixture("00_models.http").script(Duration::ZERO)]).await;
+    let main = TestProxy::start(&up.url(), |_| {}).await;
+    let with_admin = TestProxy::start(&up.url(), |c| {
+        c.admin_listen = Some("127.0.0.1:0".into());
+    })
+    .await;
+    let admin = with_admin.handle.as_ref().unwrap().admin_addr().unwrap();
+    for addr in [main.addr, admin] {
+        let r = raw_request(
+            addr,
+            b"GET /stats/nope HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert_eq!(r.status, 404);
+        assert_eq!(
+            r.header("content-type").as_deref(),
+            Some("application/json")
+        );
+        let v = r.json();
+        assert_eq!(v["error"]["type"], "NotFoundError", "{v}");
+        assert_eq!(v["error"]["code"], 404);
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/stats/nope"));
+        let r = raw_request(addr, &post("/stats", "{}", &[])).await;
+        assert_eq!(r.status, 405);
+        assert_eq!(r.header("allow").as_deref(), Some("GET, HEAD"));
+        let v = r.json();
+        assert_eq!(v["error"]["type"], "MethodNotAllowedError", "{v}");
+        assert_eq!(v["error"]["code"], 405);
+    }
+    let r = raw_request(
+        admin,
+        b"GET /nope HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!((r.status, &r.json()["error"]["code"]), (404, &404.into()));
+    main.stop().await;
+    with_admin.stop().await;
+}
