@@ -235,7 +235,7 @@ fn proxy_capacity(out: &mut String, p: &ProxyReport) {
     let _ = writeln!(
         out,
         "\nProxy capacity from production traffic (/stats capacity_production):\n\n\
-         | Concurrency | Aggregate tok/s | Per-request tok/s | TTFT ms p50/p90 | Clean s |\n|---|---|---|---|---|"
+         | Concurrency | Aggregate tok/s | Aggregate ÷ N tok/s | TTFT ms p50/p90 | Clean s |\n|---|---|---|---|---|"
     );
     for r in rows {
         let agg = if r.thin {

@@ -257,3 +257,34 @@ fn client_faults_are_not_errors_of_the_box_in_old_lines_too() {
     assert_eq!(s.by_outcome.get("upstream_error"), Some(&2));
     assert_eq!(s.by_outcome.get("proxy_error"), Some(&1));
 }
+
+/// A file of garbage is not an empty report: the binary says no record was found and fails;
+/// an `--html` path that cannot be written is named.
+#[test]
+fn garbage_only_input_and_an_unwritable_html_path_fail_with_a_reason() {
+    let dir = TempDir::new("garbage");
+    let garbage = write(&dir.path("g.jsonl"), b"not json\n\x00\xff\n{\"a\":1}\n");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .arg("analyze")
+        .arg(&garbage)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no request record found"), "{err}");
+    assert!(err.contains("3 lines read"), "{err}");
+    assert!(out.stdout.is_empty(), "no empty tables");
+    let good = write(
+        &dir.path("ok.jsonl"),
+        &lines_of(&synth::steady_phases()[..3]),
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .arg("analyze")
+        .arg(&good)
+        .args(["--html", "/nonexistent-dir/r.html"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent-dir/r.html"), "{err}");
+}
