@@ -335,6 +335,12 @@ impl ServeConfig {
     }
 }
 
+/// A flag's help with the value it has when neither the flag, the environment nor the file sets
+/// it (the flags are options so an absent one leaves the file's value; a clap default would not).
+fn default_help(text: &str, value: &str) -> String {
+    format!("{text} [default: {value}]")
+}
+
 /// Flags of `tokenmeter serve`; each overrides the file and the environment.
 #[derive(Debug, Default, clap::Args)]
 pub struct ServeArgs {
@@ -342,10 +348,10 @@ pub struct ServeArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Address to listen on, e.g. 0.0.0.0:8080 (port 0 picks a free port).
-    #[arg(long)]
+    #[arg(long, help = default_help("Address to listen on, e.g. 0.0.0.0:8080 (port 0 picks a free port)", &ServeConfig::default().listen))]
     pub listen: Option<String>,
     /// vLLM base URL, e.g. http://127.0.0.1:8000.
-    #[arg(long)]
+    #[arg(long, help = default_help("vLLM base URL", &ServeConfig::default().upstream))]
     pub upstream: Option<String>,
     /// JSON-lines access log file.
     #[arg(long)]

@@ -276,6 +276,51 @@ fn check_config_prints_toml_that_is_accepted_again_with_secrets_redacted() {
 }
 
 #[test]
+fn help_shows_defaults_and_no_code_doc_syntax() {
+    let help = |args: &[&str]| {
+        let out = tokenmeter().args(args).arg("--help").output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for cmd in ["serve", "demo", "sim", "load", "analyze", "healthcheck"] {
+        let text = help(&[cmd]);
+        for link in ["[`", "`]"] {
+            assert!(!text.contains(link), "{cmd} --help has {link}: {text}");
+        }
+    }
+    let serve = help(&["serve"]);
+    for want in [
+        "[default: 127.0.0.1:8080]",
+        "[default: http://127.0.0.1:8000]",
+    ] {
+        assert!(serve.contains(want), "{want}: {serve}");
+    }
+    let sim = help(&["sim"]);
+    for flag in [
+        "--max-num-seqs",
+        "--step-base-ms",
+        "--step-per-seq-ms",
+        "--prefill-tok-s",
+        "--cold-start-ms",
+        "--model",
+        "--max-model-len",
+        "--fixed-ttft-ms",
+        "--fixed-gap-ms",
+    ] {
+        let at = sim.find(&format!("{flag} <")).expect(flag);
+        let entry = &sim[at..];
+        let end = entry.find("\n\n").unwrap_or(entry.len());
+        assert!(
+            entry[..end].contains("[default: "),
+            "{flag}: {}",
+            &entry[..end]
+        );
+    }
+    assert!(sim.contains("[default: 256]"), "{sim}");
+    assert!(help(&["demo"]).contains("--duration <"));
+}
+
+#[test]
 fn serve_names_each_config_problem_once_and_all_in_one_run() {
     let out = tokenmeter()
         .args(["serve", "--upstream", "127.0.0.1:8000"])
