@@ -323,10 +323,12 @@ async fn forward(
                 break r;
             }
             Ok(Err(e)) => {
-                if e.is_connect() {
-                    state.health.upstream_failed(index, Clock::global().now());
-                }
                 let (err, outcome, why) = classify_client_error(&e);
+                if e.is_connect() {
+                    state
+                        .health
+                        .upstream_failed(index, Clock::global().now(), why);
+                }
                 load = failed_attempt(ups, index, model.as_deref(), &mut retried);
                 if load.is_some() {
                     continue;
@@ -476,10 +478,13 @@ async fn send(
             Ok(r)
         }
         Ok(Err(e)) => {
+            let classified = classify_client_error(&e);
             if e.is_connect() {
-                state.health.upstream_failed(index, Clock::global().now());
+                state
+                    .health
+                    .upstream_failed(index, Clock::global().now(), classified.2);
             }
-            Err(classify_client_error(&e))
+            Err(classified)
         }
         Err(_) => Err((
             ProxyError::gateway_timeout("no response headers"),

@@ -587,3 +587,53 @@ async fn sighup_reloads_keys_and_the_stats_token_without_cutting_a_stream() {
         .unwrap();
     assert!(status.success());
 }
+
+/// With the upstream down, the process log says so once (with the reason), not once per
+/// request, and says when it answers again.
+#[tokio::test]
+async fn upstream_connection_failures_and_the_recovery_are_logged_once() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut cmd = tokenmeter();
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .args(["--upstream", &format!("http://127.0.0.1:{port}")])
+        .args(["--set", "upstream_metrics_url=\"\""]);
+    let (child, addr, rx) = spawn_logged(&mut cmd);
+    let models = b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+    for _ in 0..5 {
+        assert_eq!(raw_request(addr, models).await.status, 502);
+    }
+    // The upstream comes up on its port.
+    let up = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut s in up.incoming().map_while(Result::ok) {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ =
+                s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}");
+        }
+    });
+    assert_eq!(raw_request(addr, models).await.status, 200);
+    assert_eq!(raw_request(addr, models).await.status, 200);
+    signal(&child, "TERM");
+    let mut failed = Vec::new();
+    let mut recovered = Vec::new();
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(10)) {
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let msg = v["message"].as_str().unwrap_or_default();
+        if msg.starts_with("cannot connect to the upstream") {
+            failed.push(v);
+        } else if msg.starts_with("the upstream answers again") {
+            recovered.push(v);
+        }
+    }
+    assert_eq!(failed.len(), 1, "rate-limited: {failed:?}");
+    assert_eq!(failed[0]["reason"], "connection refused");
+    assert_eq!(failed[0]["upstream"], format!("127.0.0.1:{port}"));
+    assert_eq!(failed[0]["level"], "WARN");
+    assert_eq!(recovered.len(), 1, "{recovered:?}");
+    assert_eq!(recovered[0]["failures"], 5);
+}
