@@ -2,7 +2,9 @@
 # tokenmeter in a small image: built in a Rust image, run from distroless (glibc, CA bundle, no
 # shell) as the unprivileged `nonroot` user.
 #   docker build -t tokenmeter .
-#   docker run -p 8080:8080 -e TOKENMETER_UPSTREAM=http://vllm:8000 tokenmeter
+#   docker run -p 8080:8080 -p 127.0.0.1:9090:9090 -e TOKENMETER_UPSTREAM=http://vllm:8000 tokenmeter
+# Agents use http://HOST:8080/v1; the dashboard is http://127.0.0.1:9090/ (the admin listener:
+# /stats, /stats/metrics, /healthz, /readyz), published on the host's loopback only.
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
@@ -18,6 +20,9 @@ COPY deploy/tokenmeter.toml /etc/tokenmeter/tokenmeter.toml
 COPY --from=build --chown=65532:65532 /out/log /var/log/tokenmeter
 USER nonroot
 ENV TOKENMETER_LOG_FORMAT=json
+# The admin listener on all of the container's interfaces, so a published port reaches it (the
+# config's 127.0.0.1 is for a host install); publish it on the host's loopback, as above.
+ENV TOKENMETER_ADMIN_LISTEN=0.0.0.0:9090
 EXPOSE 8080 9090
 VOLUME ["/var/log/tokenmeter"]
 # Liveness of the proxy itself (whatever vLLM does): the main listener answers /stats/healthz.

@@ -6,13 +6,14 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::fleet::settings::{RoutingConfig, UpstreamConfig};
 use crate::record::UserSource;
 use crate::tls::{ListenTlsConfig, UpstreamTlsConfig};
 
+mod read;
 mod sections;
 mod upstreams;
 pub use sections::{Timeouts, UpgradeConfig};
@@ -216,11 +217,9 @@ impl Default for UsersConfig {
 impl ServeConfig {
     /// Checks every value that deserialization alone cannot; the error lists every problem.
     pub fn validate(&self) -> anyhow::Result<()> {
-        let problems = self.problems();
-        match problems.len() {
-            0 => Ok(()),
-            1 => bail!("{}", problems[0]),
-            n => bail!("{n} problems:\n  {}", problems.join("\n  ")),
+        match read::one_error(self.problems()) {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 
@@ -326,6 +325,9 @@ impl ServeConfig {
             p.push(format!("meter: {e}"));
         }
         p.extend(self.slo.problems());
+        // One bad `upstream` fails the upstream, `/metrics` and fleet checks alike: say it once.
+        let mut seen = std::collections::HashSet::new();
+        p.retain(|m| seen.insert(m.clone()));
         p
     }
 
@@ -337,6 +339,12 @@ impl ServeConfig {
     }
 }
 
+/// A flag's help with the value it has when neither the flag, the environment nor the file sets
+/// it (the flags are options so an absent one leaves the file's value; a clap default would not).
+fn default_help(text: &str, value: &str) -> String {
+    format!("{text} [default: {value}]")
+}
+
 /// Flags of `tokenmeter serve`; each overrides the file and the environment.
 #[derive(Debug, Default, clap::Args)]
 pub struct ServeArgs {
@@ -344,10 +352,10 @@ pub struct ServeArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Address to listen on, e.g. 0.0.0.0:8080 (port 0 picks a free port).
-    #[arg(long)]
+    #[arg(long, help = default_help("Address to listen on, e.g. 0.0.0.0:8080 (port 0 picks a free port)", &ServeConfig::default().listen))]
     pub listen: Option<String>,
     /// vLLM base URL, e.g. http://127.0.0.1:8000.
-    #[arg(long)]
+    #[arg(long, help = default_help("vLLM base URL", &ServeConfig::default().upstream))]
     pub upstream: Option<String>,
     /// JSON-lines access log file.
     #[arg(long)]
@@ -363,14 +371,17 @@ pub struct ServeArgs {
     pub check_config: bool,
 }
 
-/// Builds the effective config: file < environment < flags. Errors carry [`InvalidConfig`].
+/// Builds the effective config: file < environment < flags. Errors carry [`InvalidConfig`] and
+/// name every problem found: unknown keys, ill-typed values and invalid values, in one run.
 pub fn load(
     args: &ServeArgs,
     env: impl IntoIterator<Item = (String, String)>,
 ) -> anyhow::Result<ServeConfig> {
-    let config = build(args, env).map_err(|e| e.context(InvalidConfig))?;
-    config.validate().map_err(|e| e.context(InvalidConfig))?;
-    Ok(config)
+    let (config, mut problems) = read::build(args, env).map_err(|e| e.context(InvalidConfig))?;
+    if let Some(c) = &config {
+        problems.extend(c.problems());
+    }
+    read::finish(config, problems)
 }
 
 /// What `--check-config` does: builds the config like [`load`], then reports every problem at
@@ -379,9 +390,11 @@ pub fn check(
     args: &ServeArgs,
     env: impl IntoIterator<Item = (String, String)>,
 ) -> anyhow::Result<ServeConfig> {
-    let config = build(args, env).map_err(|e| e.context(InvalidConfig))?;
-    let mut problems = config.problems();
-    if let Some(path) = &config.access_log {
+    let (config, mut problems) = read::build(args, env).map_err(|e| e.context(InvalidConfig))?;
+    if let Some(c) = &config {
+        problems.extend(c.problems());
+    }
+    if let Some(path) = config.as_ref().and_then(|c| c.access_log.as_ref()) {
         let opened = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -393,13 +406,7 @@ pub fn check(
             ));
         }
     }
-    match problems.len() {
-        0 => Ok(config),
-        1 => Err(anyhow::anyhow!("{}", problems[0]).context(InvalidConfig)),
-        n => Err(
-            anyhow::anyhow!("{n} problems:\n  {}", problems.join("\n  ")).context(InvalidConfig),
-        ),
-    }
+    read::finish(config, problems)
 }
 
 impl ServeConfig {
@@ -407,88 +414,6 @@ impl ServeConfig {
     pub fn to_toml(&self) -> anyhow::Result<String> {
         toml::to_string(self).context("printing the config as TOML")
     }
-}
-
-/// Builds the config without checking values beyond their types.
-fn build(
-    args: &ServeArgs,
-    env: impl IntoIterator<Item = (String, String)>,
-) -> anyhow::Result<ServeConfig> {
-    let env: Vec<(String, String)> = env.into_iter().collect();
-    let path = args.config.clone().or_else(|| {
-        env.iter()
-            .find(|(k, _)| k == "TOKENMETER_CONFIG")
-            .map(|(_, v)| PathBuf::from(v))
-    });
-    let mut table = match &path {
-        Some(p) => {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            text.parse::<toml::Table>()
-                .with_context(|| format!("parsing {}", p.display()))?
-        }
-        None => toml::Table::new(),
-    };
-    for (k, v) in &env {
-        let Some(rest) = k.strip_prefix(ENV_PREFIX) else {
-            continue;
-        };
-        if ENV_RESERVED.contains(&k.as_str()) || rest.is_empty() {
-            continue;
-        }
-        let key = rest.to_ascii_lowercase().replace("__", ".");
-        set_path(&mut table, &key, v).with_context(|| format!("environment variable {k}"))?;
-    }
-    let mut flag = |key: &str, v: Option<String>| -> anyhow::Result<()> {
-        if let Some(v) = v {
-            table_set(&mut table, key, toml::Value::String(v))?;
-        }
-        Ok(())
-    };
-    flag("listen", args.listen.clone())?;
-    flag("upstream", args.upstream.clone())?;
-    flag(
-        "access_log",
-        args.access_log.as_ref().map(|p| p.display().to_string()),
-    )?;
-    flag("admin_listen", args.admin_listen.clone())?;
-    for kv in &args.set {
-        let (k, v) = kv
-            .split_once('=')
-            .with_context(|| format!("--set {kv}: expected KEY=VALUE"))?;
-        set_path(&mut table, k.trim(), v).with_context(|| format!("--set {k}"))?;
-    }
-    ServeConfig::deserialize(toml::Value::Table(table))
-        .map_err(|e| anyhow::anyhow!("config: {}", e.to_string().trim()))
-}
-
-/// Sets a dotted key to a raw value: TOML syntax when it parses as TOML, else a plain string.
-fn set_path(table: &mut toml::Table, key: &str, raw: &str) -> anyhow::Result<()> {
-    let value = format!("v = {raw}")
-        .parse::<toml::Table>()
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
-    table_set(table, key, value)
-}
-
-fn table_set(table: &mut toml::Table, key: &str, value: toml::Value) -> anyhow::Result<()> {
-    let mut parts: Vec<&str> = key.split('.').collect();
-    let last = parts
-        .pop()
-        .filter(|s| !s.is_empty())
-        .with_context(|| format!("empty key `{key}`"))?;
-    let mut t = table;
-    for p in parts {
-        let entry = t
-            .entry(p.to_string())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        t = entry
-            .as_table_mut()
-            .with_context(|| format!("`{p}` is not a table"))?;
-    }
-    t.insert(last.to_string(), value);
-    Ok(())
 }
 
 #[cfg(test)]
@@ -562,6 +487,35 @@ mod tests {
         let mut a = args();
         a.set = vec!["max_header_bytes=100".into()];
         assert!(format!("{:#}", load(&a, Vec::new()).unwrap_err()).contains("1024"));
+    }
+
+    #[test]
+    fn each_problem_is_reported_once_and_all_in_one_run() {
+        let mut a = args();
+        a.upstream = Some("127.0.0.1:8000".into());
+        let err = format!("{:#}", load(&a, Vec::new()).unwrap_err());
+        assert_eq!(err.matches("upstream:").count(), 1, "{err}");
+        assert!(!err.contains("problems"), "{err}");
+        assert!(
+            err.contains("did you mean `http://127.0.0.1:8000`"),
+            "{err}"
+        );
+        let dir = std::env::temp_dir().join(format!("tm-config-all-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(
+            &file,
+            "lisen = \"127.0.0.1:1\"\nmax_header_bytes = \"big\"\nserving_threads = 5000\n",
+        )
+        .unwrap();
+        let mut a = args();
+        a.config = Some(file);
+        let err = format!("{:#}", load(&a, Vec::new()).unwrap_err());
+        assert!(err.contains("3 problems"), "{err}");
+        for key in ["lisen:", "max_header_bytes:", "serving_threads:"] {
+            assert_eq!(err.matches(key).count(), 1, "{key} once: {err}");
+        }
+        assert!(!err.contains("\nin `"), "no toml location lines: {err}");
     }
 
     #[test]

@@ -55,38 +55,44 @@ pub struct DemoArgs {
     /// Synthetic agents sending requests through the proxy (0: none, send your own).
     #[arg(long, default_value_t = 4)]
     pub agents: usize,
-    /// Write the proxy's access log here.
+    /// Write the proxy's access log here (default: tokenmeter-demo-<pid>.jsonl in the temporary
+    /// directory, named at the start and in the closing summary).
     #[arg(long)]
     pub access_log: Option<std::path::PathBuf>,
-    /// Stop after this many seconds (default: run until Ctrl-C).
-    #[arg(long)]
-    pub duration_s: Option<u64>,
+    /// Stop after this long, e.g. 100s, 2m (default: run until Ctrl-C); spelled as `load
+    /// --duration` (`--duration-s N`, seconds, still works).
+    #[arg(long, alias = "duration-s", value_parser = crate::load::duration::parse_duration)]
+    pub duration: Option<Duration>,
 }
 
 /// What ends the demo.
 enum Until {
-    /// `--duration-s`.
+    /// `--duration`.
     Elapsed(Duration),
     /// SIGTERM or SIGINT (Ctrl-C).
     Signal(crate::signals::Signals),
 }
 
-/// Runs the demo until Ctrl-C (or `--duration-s`).
+/// Runs the demo until Ctrl-C (or `--duration`).
 pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     // The handlers before the "listening on" lines, like serve's (crate::signals says why);
-    // with `--duration-s` none, so a signal keeps its default action.
-    let until = match args.duration_s {
-        Some(s) => Until::Elapsed(Duration::from_secs(s)),
+    // with `--duration` none, so a signal keeps its default action.
+    let until = match args.duration {
+        Some(d) => Until::Elapsed(d),
         None => Until::Signal(crate::signals::Signals::install(true)),
     };
     let sim_listener = tokio::net::TcpListener::bind(&args.sim_listen)
         .await
         .with_context(|| format!("binding {}", args.sim_listen))?;
     let sim = crate::sim::spawn(SimConfig::default(), sim_listener).await?;
+    // Always a log: the summary ends with the `analyze` command to run on it.
+    let log = args.access_log.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("tokenmeter-demo-{}.jsonl", std::process::id()))
+    });
     let config = ServeConfig {
         listen: args.listen.clone(),
         upstream: format!("http://{}", sim.addr()),
-        access_log: args.access_log.clone(),
+        access_log: Some(log.clone()),
         // Show the cross-check too: the simulator serves vLLM's /metrics.
         upstream_metrics_url: Some("auto".into()),
         ..ServeConfig::default()
@@ -103,6 +109,7 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     println!("  OpenAI base URL : {base}/v1");
     println!("  dashboard       : {}", proxy.dashboard_url());
     println!("  live stats      : {base}/stats   (Prometheus: {base}/stats/metrics)");
+    println!("  access log      : {}", log.display());
     println!("  try             : curl -sN {base}/v1/chat/completions -H 'content-type: application/json' \\");
     println!("                      -H 'x-tokenmeter-user: me' -d '{{\"model\":\"sim-model\",\"stream\":true,\"max_tokens\":20,\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'");
     println!();
@@ -127,6 +134,7 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
         None
     };
     let ticker = tokio::spawn(report_every_10s(proxy.meter().clone()));
+    let started = std::time::Instant::now();
     match until {
         Until::Elapsed(d) => tokio::time::sleep(d).await,
         Until::Signal(signals) => signals.wait(|| {}).await,
@@ -137,9 +145,101 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
         let _ = a.await;
     }
     ticker.abort();
+    let run_s = started.elapsed().as_secs_f64();
+    // The meter's figures before it stops; the log's lines once the drain has written them all.
+    let now = crate::clock::Clock::global().now();
+    let snap = proxy
+        .meter()
+        .snapshot(now, Default::default(), "", &Default::default())
+        .await
+        .ok()
+        .and_then(|s| serde_json::to_value(&s).ok());
     proxy.shutdown().await;
     sim.shutdown().await;
+    let records = std::fs::read_to_string(&log)
+        .map(|t| t.lines().count())
+        .unwrap_or(0);
+    println!();
+    for line in summary(snap.as_ref(), run_s, &log, records) {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// The closing summary: one screen of the figures the demo measured, one line each, so a figure
+/// added later (the capacity answer) is one more line. `snap` is the final `/stats` document
+/// (`None` when the meter did not answer), `run_s` how long the demo ran, `records` the lines
+/// the access log at `log` holds.
+pub fn summary(
+    snap: Option<&serde_json::Value>,
+    run_s: f64,
+    log: &std::path::Path,
+    records: usize,
+) -> Vec<String> {
+    let mut out = vec![format!("tokenmeter demo: summary of {run_s:.1} s")];
+    match snap {
+        Some(v) => {
+            let t = &v["totals"];
+            out.push(format!(
+                "  requests        : {} finished, {} generated tokens, {} errors of the server",
+                t["requests"].as_u64().unwrap_or(0),
+                t["completion_tokens"].as_u64().unwrap_or(0),
+                t["errors"].as_u64().unwrap_or(0)
+            ));
+            out.extend(user_rates(v, run_s));
+        }
+        None => out.push("  requests        : the meter did not answer".into()),
+    }
+    out.push(format!(
+        "  access log      : {} ({records} records)",
+        log.display()
+    ));
+    out.push(format!(
+        "  analyze it      : tokenmeter analyze {} --html report.html",
+        log.display()
+    ));
+    out
+}
+
+/// Per user: finished requests, generated tokens and their rate averaged over the run
+/// (completion tokens / run time), fastest first; at most 8 users, and how many more there were.
+fn user_rates(v: &serde_json::Value, run_s: f64) -> Vec<String> {
+    const SHOWN: usize = 8;
+    let Some(users) = v["users"].as_object() else {
+        return Vec::new();
+    };
+    let mut rows: Vec<(&str, u64, u64)> = users
+        .iter()
+        .map(|(name, u)| {
+            let t = &u["totals"];
+            (
+                name.as_str(),
+                t["requests"].as_u64().unwrap_or(0),
+                t["completion_tokens"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    rows.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(b.0)));
+    let mut out = vec![format!(
+        "  per user        : generated tok/s averaged over the run (tokens / {run_s:.1} s)"
+    )];
+    for (name, requests, tokens) in rows.iter().take(SHOWN) {
+        let rate = if run_s > 0.0 {
+            format!("{:.1}", *tokens as f64 / run_s)
+        } else {
+            "n/a".into()
+        };
+        out.push(format!(
+            "    {name:<14} {rate:>8} tok/s  {tokens:>7} tokens  {requests:>5} requests"
+        ));
+    }
+    if rows.len() > SHOWN {
+        out.push(format!("    … and {} more users", rows.len() - SHOWN));
+    }
+    if rows.is_empty() {
+        out.push("    (no requests)".into());
+    }
+    out
 }
 
 /// Prints the 10 s window every 10 s, so the demo shows what `/stats` holds.
@@ -189,5 +289,31 @@ async fn report_every_10s(meter: crate::meter::MeterHandle) {
                 .map(serde_json::Map::len)
                 .unwrap_or(0),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_names_the_rates_the_log_and_the_command() {
+        let snap = serde_json::json!({
+            "totals": {"requests": 5, "completion_tokens": 300, "errors": 0},
+            "users": {
+                "agent-0": {"totals": {"requests": 2, "completion_tokens": 100}},
+                "agent-1": {"totals": {"requests": 3, "completion_tokens": 200}},
+            }
+        });
+        let log = std::path::Path::new("/tmp/x.jsonl");
+        let lines = summary(Some(&snap), 10.0, log, 5);
+        let text = lines.join("\n");
+        assert!(lines.len() <= 24, "one screen: {text}");
+        let a1 = lines.iter().position(|l| l.contains("agent-1")).unwrap();
+        let a0 = lines.iter().position(|l| l.contains("agent-0")).unwrap();
+        assert!(a1 < a0, "fastest first: {text}");
+        assert!(lines[a1].contains("20.0 tok/s"), "{text}");
+        assert!(text.contains("/tmp/x.jsonl (5 records)"), "{text}");
+        assert!(text.contains("tokenmeter analyze /tmp/x.jsonl"), "{text}");
     }
 }

@@ -14,6 +14,10 @@ pub mod kind {
     pub const BAD_REQUEST: &str = "BadRequestError";
     /// 401.
     pub const AUTHENTICATION: &str = "AuthenticationError";
+    /// 404.
+    pub const NOT_FOUND: &str = "NotFoundError";
+    /// 405.
+    pub const METHOD_NOT_ALLOWED: &str = "MethodNotAllowedError";
     /// 408.
     pub const REQUEST_TIMEOUT: &str = "RequestTimeoutError";
     /// 413.

@@ -12,6 +12,10 @@ use serde::Serialize;
 
 use crate::clock::{Clock, UnixNanos, NANOS_PER_SEC};
 
+/// How often, at most, a failing upstream's connection failures are logged (the first at once,
+/// then one line per period with the count since the last line).
+pub const FAILURE_LOG_PERIOD_NS: u64 = 10 * NANOS_PER_SEC;
+
 /// Shared health state: written by the forwarder and the shutdown path, read by the probes.
 #[derive(Debug)]
 pub struct Health {
@@ -19,7 +23,24 @@ pub struct Health {
     /// Per upstream (in configured order): when it last failed to connect (Unix ns); 0 = not
     /// since its last success.
     upstream_failed_at: Box<[AtomicU64]>,
+    /// Per upstream: its name and the process log's view of its failures.
+    failure_log: Box<[FailureLog]>,
     failure_window_ns: u64,
+}
+
+/// What the process log says of one upstream's connection failures: rate-limited lines while it
+/// fails, one line when it answers again.
+#[derive(Debug, Default)]
+struct FailureLog {
+    name: String,
+    /// When the first failure since the last success happened (Unix ns); 0 = none.
+    down_since: AtomicU64,
+    /// Failures since the last success.
+    failures: AtomicU64,
+    /// Failures not yet in a log line.
+    unlogged: AtomicU64,
+    /// When the last failure line was written (Unix ns).
+    logged_at: AtomicU64,
 }
 
 impl Default for Health {
@@ -58,9 +79,25 @@ impl Health {
     /// Health state of `upstreams` upstreams (at least one) whose failures count for
     /// `failure_window_s` seconds (0 = never).
     pub fn with_upstreams(failure_window_s: u64, upstreams: usize) -> Health {
+        let names = (0..upstreams.max(1)).map(|i| format!("#{i}")).collect();
+        Health::named(failure_window_s, names)
+    }
+
+    /// Health state of the upstreams `names` (at least one; the process log names them).
+    pub fn named(failure_window_s: u64, mut names: Vec<String>) -> Health {
+        if names.is_empty() {
+            names.push("upstream".into());
+        }
         Health {
             draining: AtomicBool::new(false),
-            upstream_failed_at: (0..upstreams.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            upstream_failed_at: names.iter().map(|_| AtomicU64::new(0)).collect(),
+            failure_log: names
+                .into_iter()
+                .map(|name| FailureLog {
+                    name,
+                    ..FailureLog::default()
+                })
+                .collect(),
             failure_window_ns: failure_window_s.saturating_mul(NANOS_PER_SEC),
         }
     }
@@ -72,20 +109,75 @@ impl Health {
 
     /// A connection to upstream `index` could not be made (refused, unreachable, timed out,
     /// TLS).
-    pub fn upstream_failed(&self, index: usize, now: UnixNanos) {
+    /// The first failure after a success is logged at once with its `reason`; later ones at
+    /// most once per [`FAILURE_LOG_PERIOD_NS`], with how many there were since the last line.
+    pub fn upstream_failed(&self, index: usize, now: UnixNanos, reason: &str) {
         if let Some(at) = self.upstream_failed_at.get(index) {
             at.store(now.max(1), Ordering::Relaxed);
+        }
+        let Some(log) = self.failure_log.get(index) else {
+            return;
+        };
+        let now = now.max(1);
+        let first = log
+            .down_since
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok();
+        log.failures.fetch_add(1, Ordering::Relaxed);
+        let unlogged = log.unlogged.fetch_add(1, Ordering::Relaxed) + 1;
+        let last = log.logged_at.load(Ordering::Relaxed);
+        let due = first || now.saturating_sub(last) >= FAILURE_LOG_PERIOD_NS;
+        // One thread wins the line; the others' failures are counted in the next one.
+        if due
+            && log
+                .logged_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            log.unlogged.fetch_sub(unlogged, Ordering::Relaxed);
+            let down_s = now.saturating_sub(log.down_since.load(Ordering::Relaxed)) as f64
+                / NANOS_PER_SEC as f64;
+            tracing::warn!(
+                upstream = %log.name,
+                reason,
+                failures = unlogged,
+                down_s,
+                "cannot connect to the upstream; answering 502 (logged at most every 10 s while it lasts)"
+            );
         }
     }
 
     /// Upstream `index` answered: clears its failure (one load per request when there is none).
     #[inline]
+    /// The first answer after connection failures is logged, with how many there were and how
+    /// long the upstream was down.
     pub fn upstream_answered(&self, index: usize) {
         if let Some(at) = self.upstream_failed_at.get(index) {
             if at.load(Ordering::Relaxed) != 0 {
                 at.store(0, Ordering::Relaxed);
             }
         }
+        let Some(log) = self.failure_log.get(index) else {
+            return;
+        };
+        // One load per request while the upstream is fine.
+        if log.down_since.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let since = log.down_since.swap(0, Ordering::Relaxed);
+        if since == 0 {
+            return;
+        }
+        let failures = log.failures.swap(0, Ordering::Relaxed);
+        log.unlogged.store(0, Ordering::Relaxed);
+        log.logged_at.store(0, Ordering::Relaxed);
+        let down_s = Clock::global().now().saturating_sub(since) as f64 / NANOS_PER_SEC as f64;
+        tracing::info!(
+            upstream = %log.name,
+            failures,
+            down_s,
+            "the upstream answers again"
+        );
     }
 
     /// Readiness at `now`.
@@ -163,7 +255,7 @@ mod tests {
         let s = NANOS_PER_SEC;
         let h = Health::new(10);
         assert!(h.readiness(100 * s).ready());
-        h.upstream_failed(0, 100 * s);
+        h.upstream_failed(0, 100 * s, "connection refused");
         let r = h.readiness(105 * s);
         assert_eq!(r.reasons, vec!["upstream_unreachable"]);
         assert_eq!(r.upstream_failed_s_ago, Some(5.0));
@@ -173,7 +265,7 @@ mod tests {
         h.start_draining();
         assert_eq!(h.readiness(101 * s).reasons, vec!["draining"]);
         let never = Health::new(0);
-        never.upstream_failed(0, 100 * s);
+        never.upstream_failed(0, 100 * s, "connection refused");
         assert!(never.readiness(100 * s).ready());
     }
 
@@ -181,9 +273,9 @@ mod tests {
     fn with_several_upstreams_one_reachable_keeps_it_ready() {
         let s = NANOS_PER_SEC;
         let h = Health::with_upstreams(10, 2);
-        h.upstream_failed(0, 100 * s);
+        h.upstream_failed(0, 100 * s, "connection refused");
         assert!(h.readiness(101 * s).ready(), "upstream 1 never failed");
-        h.upstream_failed(1, 103 * s);
+        h.upstream_failed(1, 103 * s, "connection refused");
         let r = h.readiness(104 * s);
         assert_eq!(r.reasons, vec!["upstream_unreachable"]);
         assert_eq!(

@@ -20,7 +20,8 @@ pub const MAX_USER_AGENT_CHARS: usize = 256;
 pub enum Outcome {
     /// The upstream answered with a success status and the body ended cleanly.
     Ok,
-    /// The upstream answered with status >= 400, or sent an error event inside a 200 stream.
+    /// The upstream failed the request: it answered 5xx, 408 or 429, or sent an error event
+    /// inside a 200 stream.
     UpstreamError,
     /// The client went away before the response was complete.
     ClientAborted,
@@ -28,19 +29,25 @@ pub enum Outcome {
     UpstreamAborted,
     /// A configured timeout fired (connect, response headers or idle body gap).
     Timeout,
-    /// The proxy itself refused or failed the request (unreachable upstream, limits, auth).
+    /// The proxy could not forward the request: the upstream unreachable (502) or no replica
+    /// left to try.
     ProxyError,
+    /// The client's own fault, not the server's: the upstream answered 4xx other than 408 and
+    /// 429 (bad JSON, unknown model, a prompt too long), or the proxy refused the request itself
+    /// (400, 401, 408 body too slow, 413, 431). Not an error of the box.
+    ClientError,
 }
 
 impl Outcome {
     /// All outcomes, in a stable order (for metrics and reports).
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 7] = [
         Outcome::Ok,
         Outcome::UpstreamError,
         Outcome::ClientAborted,
         Outcome::UpstreamAborted,
         Outcome::Timeout,
         Outcome::ProxyError,
+        Outcome::ClientError,
     ];
 
     /// The snake_case name used in logs and labels.
@@ -52,13 +59,38 @@ impl Outcome {
             Outcome::UpstreamAborted => "upstream_aborted",
             Outcome::Timeout => "timeout",
             Outcome::ProxyError => "proxy_error",
+            Outcome::ClientError => "client_error",
         }
     }
 
-    /// Whether this outcome counts as an error in windows and totals.
+    /// Whether this outcome is an error of the box (the upstream or the proxy failed), counted in
+    /// windows' and totals' `errors`. The client's own doings (`client_aborted`, `client_error`)
+    /// are not.
     pub fn is_error(self) -> bool {
-        !matches!(self, Outcome::Ok | Outcome::ClientAborted)
+        !matches!(
+            self,
+            Outcome::Ok | Outcome::ClientAborted | Outcome::ClientError
+        )
     }
+
+    /// The outcome of a request the upstream answered with `status` (and, inside a 200 stream,
+    /// with an error event when `error_event`): `client_error` for a 4xx that is the client's
+    /// fault, `upstream_error` for 5xx, 408 (the server gave up waiting), 429 (the server is
+    /// overloaded) and error events, else `ok`.
+    pub fn of_answer(status: Option<u16>, error_event: bool) -> Outcome {
+        match status {
+            Some(s) if is_client_fault(s) => Outcome::ClientError,
+            Some(s) if s >= 400 => Outcome::UpstreamError,
+            _ if error_event => Outcome::UpstreamError,
+            _ => Outcome::Ok,
+        }
+    }
+}
+
+/// Whether an upstream's `status` says the request itself was at fault: 4xx other than 408
+/// (Request Timeout) and 429 (Too Many Requests), which say the server could not serve it.
+pub fn is_client_fault(status: u16) -> bool {
+    (400..500).contains(&status) && status != 408 && status != 429
 }
 
 /// Where the token counts came from.
@@ -83,7 +115,7 @@ pub enum UserSource {
     Header,
     /// The configured API-key to name map.
     KeyMap,
-    /// The request body's `user` field.
+    /// The request body's `user` field, or Anthropic's `metadata.user_id` when there is no `user`.
     Body,
     /// A pseudonym derived from the bearer key: `key-` + 8 hex of its SHA-256.
     KeyHash,
@@ -237,6 +269,7 @@ impl RequestRecord {
         let ending = match self.outcome {
             Outcome::Ok => Ending::Complete,
             Outcome::ClientAborted => Ending::ClientGaveUp,
+            Outcome::ClientError => Ending::Refused,
             Outcome::UpstreamError | Outcome::ProxyError if clients_fault => Ending::Refused,
             Outcome::UpstreamError
             | Outcome::ProxyError
@@ -369,6 +402,31 @@ mod tests {
             DerivedRates::compute(None, None, Some(3)),
             DerivedRates::default()
         );
+    }
+
+    #[test]
+    fn client_faults_are_told_from_the_servers() {
+        use Outcome::*;
+        for (status, event, want) in [
+            (Some(200), false, Ok),
+            (Some(200), true, UpstreamError),
+            (Some(400), false, ClientError),
+            (Some(404), false, ClientError),
+            (Some(422), true, ClientError),
+            (Some(408), false, UpstreamError),
+            (Some(429), false, UpstreamError),
+            (Some(500), false, UpstreamError),
+            (Some(503), false, UpstreamError),
+            (None, false, Ok),
+        ] {
+            assert_eq!(
+                Outcome::of_answer(status, event),
+                want,
+                "{status:?} {event}"
+            );
+        }
+        assert!(!ClientError.is_error() && !ClientAborted.is_error() && !Ok.is_error());
+        assert!(UpstreamError.is_error() && ProxyError.is_error() && Timeout.is_error());
     }
 
     #[test]

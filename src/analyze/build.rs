@@ -153,6 +153,12 @@ fn summary(p: &Pass1, bad_lines: u64) -> Summary {
         .filter(|(o, _)| o.is_error())
         .map(|(_, n)| n)
         .sum();
+    let client_errors = Outcome::ALL
+        .iter()
+        .zip(p.by_outcome)
+        .filter(|(o, _)| **o == Outcome::ClientError)
+        .map(|(_, n)| n)
+        .sum();
     Summary {
         first_arrival: p.first_arrival.map(format_rfc3339_micros),
         last_end: p.last_end.map(format_rfc3339_micros),
@@ -164,6 +170,7 @@ fn summary(p: &Pass1, bad_lines: u64) -> Summary {
         generation_requests: p.generation_requests,
         by_outcome,
         errors,
+        client_errors,
         users: p.users.len() as u64,
         models,
         prompt_tokens: p.prompt_tokens,

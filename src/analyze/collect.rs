@@ -118,7 +118,7 @@ pub struct Pass1 {
     /// Line counts.
     pub counts: LineCounts,
     /// Selected requests by outcome, in [`Outcome::ALL`] order.
-    pub by_outcome: [u64; 6],
+    pub by_outcome: [u64; Outcome::ALL.len()],
     /// Selected generation requests.
     pub generation_requests: u64,
     /// Sum of prompt tokens of selected requests.
@@ -160,7 +160,7 @@ impl Default for Pass1 {
     fn default() -> Self {
         Pass1 {
             counts: LineCounts::default(),
-            by_outcome: [0; 6],
+            by_outcome: [0; Outcome::ALL.len()],
             generation_requests: 0,
             prompt_tokens: 0,
             completion_tokens: 0,

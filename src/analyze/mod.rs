@@ -213,19 +213,44 @@ pub fn analyze_sources(sources: &[input::Source], opts: &AnalyzeOptions) -> anyh
     Ok(report)
 }
 
+/// An input without a single request record is a mistake (the wrong file, or not an access log):
+/// an error that says so, instead of a page of empty tables.
+fn no_records(report: &Report) -> anyhow::Result<()> {
+    let i = &report.inputs;
+    if i.request_lines > 0 {
+        return Ok(());
+    }
+    let mut why = format!("{} lines read", i.lines);
+    if i.bad_lines > 0 {
+        why.push_str(&format!(", {} of them bad", i.bad_lines));
+        if let Some(first) = i.bad_positions.first() {
+            why.push_str(&format!(" (first at {first})"));
+        }
+    }
+    if i.other_lines > 0 {
+        why.push_str(&format!(", {} of other types", i.other_lines));
+    }
+    anyhow::bail!("no request record found in the input ({why}); is it a tokenmeter access log?")
+}
+
 /// Runs `tokenmeter analyze`.
 pub async fn run_cli(args: AnalyzeArgs) -> anyhow::Result<()> {
     let opts = AnalyzeOptions::from_args(&args, Clock::global().now())?;
     let report = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let report = analyze(&args.files, &opts)?;
+        no_records(&report)?;
         if let Some(dir) = &args.svg {
-            std::fs::create_dir_all(dir)?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| anyhow::anyhow!("--svg: cannot create {}: {e}", dir.display()))?;
             for (name, svg) in svg::all(&report) {
-                std::fs::write(dir.join(name), svg)?;
+                let path = dir.join(name);
+                std::fs::write(&path, svg)
+                    .map_err(|e| anyhow::anyhow!("--svg: cannot write {}: {e}", path.display()))?;
             }
         }
         if let Some(path) = &args.html {
-            std::fs::write(path, html::page(&report))?;
+            std::fs::write(path, html::page(&report))
+                .map_err(|e| anyhow::anyhow!("--html: cannot write {}: {e}", path.display()))?;
         }
         let mut out = std::io::stdout().lock();
         if args.json {

@@ -58,6 +58,7 @@ struct RawLine<'a> {
     #[serde(borrow)]
     path: Option<Str<'a>>,
     stream: Option<bool>,
+    status: Option<u16>,
     outcome: Option<Outcome>,
     #[serde(borrow)]
     api: Option<Str<'a>>,
@@ -68,7 +69,6 @@ struct RawLine<'a> {
     tok_s: Option<f64>,
     in_flight_at_start: Option<u32>,
     cold_start: Option<bool>,
-    status: Option<u16>,
     cached_prompt_tokens: Option<u64>,
     /// `Some(None)`: the key is there with `null` (not judged); `None`: a line from before the
     /// verdict existed.
@@ -247,7 +247,7 @@ pub fn parse_line(line: &[u8]) -> Parsed<'_> {
             .and_then(|a| Api::from_name(&a.0))
             .or_else(|| crate::dialect::detect(&path.0)),
         stream: raw.stream,
-        outcome,
+        outcome: with_client_faults(outcome, raw.status),
         prompt_tokens: raw.prompt_tokens,
         completion_tokens: raw.completion_tokens,
         ttft_ms: raw.ttft_ms,
@@ -260,6 +260,19 @@ pub fn parse_line(line: &[u8]) -> Parsed<'_> {
         slo_miss: raw.slo_miss,
         cold_start: cold,
     })
+}
+
+/// A line written before `client_error` existed read as it would be written now: the
+/// upstream's 4xx for a bad request was `upstream_error`, and the proxy's own refusals for the
+/// client's fault (400, 401, 408, 413) were `proxy_error`; the status tells them apart.
+fn with_client_faults(outcome: Outcome, status: Option<u16>) -> Outcome {
+    match (outcome, status) {
+        (Outcome::UpstreamError, Some(s)) if crate::record::is_client_fault(s) => {
+            Outcome::ClientError
+        }
+        (Outcome::ProxyError, Some(s)) if (400..500).contains(&s) => Outcome::ClientError,
+        (o, _) => o,
+    }
 }
 
 impl LeanRecord<'_> {

@@ -111,8 +111,12 @@ pub struct Summary {
     pub generation_requests: u64,
     /// Requests by outcome name.
     pub by_outcome: BTreeMap<String, u64>,
-    /// Requests whose outcome counts as an error.
+    /// Requests that ended in an error of the box (upstream_error, upstream_aborted, timeout,
+    /// proxy_error).
     pub errors: u64,
+    /// Requests refused for the client's own fault (`client_error`; lines written before it
+    /// existed are read by their status), not in `errors`.
+    pub client_errors: u64,
     /// Distinct users.
     pub users: u64,
     /// Requests per model (`(none)` for requests without one), by count descending.

@@ -114,7 +114,9 @@ pub fn capacity_rows(rows: &[CapacityRow]) -> Vec<Vec<String>> {
 pub const CAPACITY_HEADERS: [&str; 7] = [
     "Concurrency",
     "Aggregate (mean ± sd)",
-    "Per-request tok/s (min/avg/max)",
+    // The middle figure is each request's share of the aggregate, not the mean of the requests'
+    // own rates: it can sit above the fastest request (their rates count their prefill too).
+    "Per-request tok/s: min / aggregate ÷ N / max",
     "TTFT ms (p50/p90/p99)",
     "Scaling",
     "Marginal gain",
@@ -170,7 +172,9 @@ pub fn production_rows(rows: &[crate::meter::levels::ProductionRow]) -> Vec<Vec<
 pub const PRODUCTION_HEADERS: [&str; 9] = [
     "Concurrency",
     "Aggregate",
-    "Per-request tok/s (min/avg/max)",
+    // The middle figure is each request's share of the aggregate, not the mean of the requests'
+    // own rates: it can sit above the fastest request (their rates count their prefill too).
+    "Per-request tok/s: min / aggregate ÷ N / max",
     "TTFT ms (p50/p90/p99)",
     "Scaling",
     "Marginal gain",
@@ -217,7 +221,13 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
                 s.requests, s.generation_requests
             ),
         ],
-        vec!["Errors".into(), s.errors.to_string()],
+        vec![
+            "Errors".into(),
+            format!(
+                "{} of the server (upstream_error, upstream_aborted, timeout, proxy_error); {} the client's own (client_error: its request refused)",
+                s.errors, s.client_errors
+            ),
+        ],
         vec!["Users".into(), s.users.to_string()],
         vec!["Models".into(), models],
         vec![

@@ -156,9 +156,9 @@ pub async fn spawn_with_time(
         Duration::from_millis(config.timeouts.connect_ms),
     )?;
     let resolved = config.resolved_upstreams()?;
-    let health = Arc::new(Health::with_upstreams(
+    let health = Arc::new(Health::named(
         config.readiness_upstream_failure_s,
-        resolved.len(),
+        resolved.iter().map(|u| u.name.clone()).collect(),
     ));
     let stats_token =
         crate::meter::StatsToken::new(config.stats_token.as_ref().map(|s| s.0.as_str()));

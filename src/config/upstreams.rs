@@ -117,7 +117,13 @@ fn parse_upstream(key: &str, raw: &str) -> anyhow::Result<http::Uri> {
         .parse()
         .with_context(|| format!("{key}: `{raw}` is not a URL"))?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
-        bail!("{key}: `{raw}` must be http://host:port or https://host:port");
+        // `host:port` alone parses as a scheme and a path: the likeliest slip, so say the fix.
+        let hint = if raw.contains("://") {
+            String::new()
+        } else {
+            format!(" (did you mean `http://{raw}`?)")
+        };
+        bail!("{key}: `{raw}` must be http://host:port or https://host:port{hint}");
     }
     Ok(uri)
 }

@@ -23,7 +23,7 @@ use settings::{ResolvedUpstream, RoutingConfig};
 #[derive(Debug, Default)]
 pub struct UpstreamCounters {
     /// Finished requests routed here, by outcome (in [`Outcome::ALL`] order).
-    pub outcomes: [AtomicU64; 6],
+    pub outcomes: [AtomicU64; Outcome::ALL.len()],
     /// Sum of `completion_tokens` of finished requests routed here.
     pub completion_tokens: AtomicU64,
     /// Sum of `prompt_tokens` of finished requests routed here.

@@ -117,6 +117,10 @@ pub struct LoadArgs {
     /// Per-request timeout.
     #[arg(long, default_value = "600s", value_parser = duration::parse_duration)]
     pub timeout: Duration,
+    /// Where a tokenmeter proxy serves /stats when not at --url: its admin_listen address, e.g.
+    /// http://127.0.0.1:9090 (default: the --url server itself).
+    #[arg(long)]
+    pub stats_url: Option<String>,
     /// How often the sustained method samples a tokenmeter proxy's /stats and prints progress.
     #[arg(long, default_value = "10s", value_parser = duration::parse_duration)]
     pub stats_interval: Duration,
@@ -207,6 +211,8 @@ pub struct LoadOptions {
     pub timeout: Duration,
     /// Sustained: proxy `/stats` poll and progress interval.
     pub stats_interval: Duration,
+    /// Where the proxy's `/stats` is, when not at `url` (its `admin_listen`).
+    pub stats_url: Option<String>,
 }
 
 impl LoadOptions {
@@ -261,6 +267,7 @@ impl LoadOptions {
             ignore_eos: false,
             timeout: Duration::from_secs(600),
             stats_interval: Duration::from_secs(10),
+            stats_url: None,
         }
     }
 
@@ -369,6 +376,7 @@ impl TryFrom<LoadArgs> for LoadOptions {
             ignore_eos: a.ignore_eos,
             timeout: a.timeout,
             stats_interval: a.stats_interval,
+            stats_url: a.stats_url,
         })
     }
 }
@@ -391,6 +399,16 @@ pub async fn run(opts: LoadOptions, progress: impl Progress) -> anyhow::Result<L
         opts.user.clone(),
         opts.timeout,
     );
+    // The proxy's /stats: on the server itself, or on its admin address.
+    let stats_client = match &opts.stats_url {
+        Some(u) => HttpClient::new(
+            client::normalize_base_url(u).map_err(|e| anyhow::anyhow!("--stats-url: {e}"))?,
+            opts.api_key.as_ref().map(|k| k.0.clone()),
+            None,
+            opts.timeout,
+        ),
+        None => client.clone(),
+    };
     let model = match &opts.model {
         Some(m) => m.clone(),
         None => client.first_model().await?,
@@ -442,7 +460,7 @@ pub async fn run(opts: LoadOptions, progress: impl Progress) -> anyhow::Result<L
                 opts.stats_interval,
                 &progress,
             );
-            let (s, proxy) = with_proxy_stats(&client, opts.stats_interval, run).await;
+            let (s, proxy) = with_proxy_stats(&stats_client, opts.stats_interval, run).await;
             report.proxy = Some(proxy);
             report.sustained = Some(s);
         }
@@ -465,7 +483,7 @@ pub async fn run(opts: LoadOptions, progress: impl Progress) -> anyhow::Result<L
                 opts.stats_interval,
                 &progress,
             );
-            let (a, proxy) = with_proxy_stats(&client, opts.stats_interval, run).await;
+            let (a, proxy) = with_proxy_stats(&stats_client, opts.stats_interval, run).await;
             report.proxy = Some(proxy);
             report.agents = Some(a);
         }
@@ -493,7 +511,9 @@ async fn with_proxy_stats<T>(
     };
     if detected {
         // One sample after the run: the window that closed with it.
-        samples.extend(stats::sample(client, start).await);
+        if let Some(last) = stats::sample(client, start).await {
+            stats::push_final(&mut samples, last, interval);
+        }
     }
     let proxy = stats::ProxyReport {
         detected,

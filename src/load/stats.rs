@@ -133,7 +133,8 @@ pub async fn probe(client: &HttpClient) -> (bool, String) {
         Ok((status, _)) => (
             false,
             format!(
-                "not a tokenmeter proxy (GET /stats answered {status}); client-side figures only"
+                "not a tokenmeter proxy (GET /stats answered {status}); client-side figures only. \
+                 A proxy with admin_listen serves /stats there: pass --stats-url http://ADMIN_ADDRESS"
             ),
         ),
         Err(e) => (
@@ -183,6 +184,21 @@ pub async fn poll_until(
     out
 }
 
+/// Adds the sample taken after the run; it replaces a poll taken just before it, less than
+/// half the poll `interval` (and less than a second) earlier: the meter's windows move by whole
+/// seconds, so that poll showed the same window, and a run as long as the poll interval printed
+/// its last row twice.
+pub fn push_final(samples: &mut Vec<ProxySample>, last: ProxySample, interval: Duration) {
+    let near = (interval.as_secs_f64() / 2.0).min(1.0);
+    if samples
+        .last()
+        .is_some_and(|prev| last.t_s - prev.t_s < near)
+    {
+        samples.pop();
+    }
+    samples.push(last);
+}
+
 /// Summary of the steady 10 s windows of `samples`.
 pub fn steady_summary(samples: &[ProxySample]) -> Option<SteadySummary> {
     let values = samples
@@ -229,6 +245,26 @@ mod tests {
         assert_eq!(sum.gen_tok_s.n, 2);
         assert!((sum.spread_pct.unwrap() - 2.0 / 101.0 * 100.0).abs() < 1e-9);
         assert!(steady_summary(&samples[1..4]).is_none());
+    }
+
+    #[test]
+    fn the_final_sample_replaces_a_poll_of_the_same_second() {
+        let at = |t_s: f64| ProxySample {
+            t_s,
+            ..s(Some(true), Some(1.0))
+        };
+        let mut v = vec![at(5.0), at(10.0)];
+        push_final(&mut v, at(10.2), Duration::from_secs(10));
+        assert_eq!(v.iter().map(|s| s.t_s).collect::<Vec<_>>(), [5.0, 10.2]);
+        push_final(&mut v, at(11.5), Duration::from_secs(10));
+        assert_eq!(v.len(), 3);
+        // Polled every 0.5 s: only a poll within 0.25 s is the same one.
+        let mut fast = vec![at(1.5)];
+        push_final(&mut fast, at(1.9), Duration::from_millis(500));
+        assert_eq!(fast.len(), 2);
+        let mut empty = Vec::new();
+        push_final(&mut empty, at(0.5), Duration::from_secs(10));
+        assert_eq!(empty.len(), 1);
     }
 
     #[test]

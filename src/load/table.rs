@@ -33,17 +33,28 @@ fn marginal(pct: Option<f64>, users: Option<f64>) -> String {
 /// The whole report as text for stdout.
 pub fn render(r: &LoadReport) -> String {
     let mut out = String::new();
+    // Agent-like load draws each request's max_tokens (and streaming) per request: the line
+    // below says so instead of one fixed number.
+    let (stream, max_tokens) = match &r.agents {
+        Some(a) => (
+            format!("{:.0}% streaming", a.spec.stream_share * 100.0),
+            format!("max_tokens drawn per request {}", a.spec.output_tokens),
+        ),
+        None => (
+            if r.stream {
+                "streaming"
+            } else {
+                "non-streaming"
+            }
+            .to_string(),
+            format!("max_tokens {}", r.max_tokens),
+        ),
+    };
     let _ = writeln!(
         out,
-        "Target {} · model {} · {} · max_tokens {}{}",
+        "Target {} · model {} · {stream} · {max_tokens}{}",
         r.base_url,
         r.model,
-        if r.stream {
-            "streaming"
-        } else {
-            "non-streaming"
-        },
-        r.max_tokens,
         if r.ignore_eos { " · ignore_eos" } else { "" }
     );
     if let Some(b) = &r.burst {
@@ -153,7 +164,7 @@ fn sustained(out: &mut String, s: &SustainedReport, proxy: Option<&ProxyReport>)
     rows.push(("Max in flight (client)", s.max_in_flight.to_string()));
     client_table(out, "Figure", &rows, "sustained", f);
     if let Some(p) = proxy {
-        proxy_windows(out, p, s.client_aggregate_tok_s);
+        proxy_windows(out, p, s.client_aggregate_tok_s, s.max_in_flight);
     }
 }
 
@@ -223,21 +234,40 @@ fn agents(out: &mut String, a: &AgentsReport, proxy: Option<&ProxyReport>) {
     rows.push(("Max in flight (client)", a.max_in_flight.to_string()));
     client_table(out, "Client figure", &rows, "agents", f);
     if let Some(p) = proxy {
-        proxy_windows(out, p, a.client_aggregate_tok_s);
+        proxy_windows(out, p, a.client_aggregate_tok_s, a.max_in_flight);
     }
 }
 
-/// The proxy's production-traffic capacity table, as `/stats` holds it after the run.
-fn proxy_capacity(out: &mut String, p: &ProxyReport) {
+/// The highest level the proxy saw during the run (its windows' max in flight), else the
+/// client's own peak.
+fn run_peak(p: &ProxyReport, client_peak: usize) -> u32 {
+    p.samples
+        .iter()
+        .filter_map(|s| s.window_10s.as_ref()?.in_flight?.max)
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+        .map_or(client_peak as u32, |v| v.round() as u32)
+}
+
+/// The proxy's production-traffic capacity table, as `/stats` holds it after the run. It covers
+/// everything the proxy saw since it started (earlier runs, other clients), which the title
+/// says; levels above this run's peak cannot be this run's and are left out.
+fn proxy_capacity(out: &mut String, p: &ProxyReport, peak: u32) {
     let Some(rows) = &p.capacity_production else {
         return;
     };
+    let above = rows.iter().filter(|r| r.in_flight > peak).count();
     let _ = writeln!(
         out,
-        "\nProxy capacity from production traffic (/stats capacity_production):\n\n\
-         | Concurrency | Aggregate tok/s | Per-request tok/s | TTFT ms p50/p90 | Clean s |\n|---|---|---|---|---|"
+        "\nProxy capacity from production traffic (/stats capacity_production): everything the proxy \
+         has seen since it started, not only this run; levels up to this run's peak of {peak} in flight{}:\n\n\
+         | Concurrency | Aggregate tok/s | Aggregate ÷ N tok/s | TTFT ms p50/p90 | Clean s |\n|---|---|---|---|---|",
+        if above > 0 {
+            format!(" ({above} higher levels from other traffic left out)")
+        } else {
+            String::new()
+        }
     );
-    for r in rows {
+    for r in rows.iter().filter(|r| r.in_flight <= peak) {
         let agg = if r.thin {
             "thin".to_string()
         } else {
@@ -259,7 +289,12 @@ fn proxy_capacity(out: &mut String, p: &ProxyReport) {
     }
 }
 
-fn proxy_windows(out: &mut String, p: &ProxyReport, client_aggregate: Option<f64>) {
+fn proxy_windows(
+    out: &mut String,
+    p: &ProxyReport,
+    client_aggregate: Option<f64>,
+    client_peak: usize,
+) {
     let _ = writeln!(out, "\n{}", p.note);
     if !p.detected {
         return;
@@ -299,12 +334,43 @@ fn proxy_windows(out: &mut String, p: &ProxyReport, client_aggregate: Option<f64
             );
         }
     }
-    proxy_capacity(out, p);
+    proxy_capacity(out, p, run_peak(p, client_peak));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_production_table_says_whose_it_is_and_keeps_the_runs_levels() {
+        use super::super::stats::{ProxyCapacityRow, ProxyPerRequest, ProxyTtft};
+        let row = |n: u32| ProxyCapacityRow {
+            in_flight: n,
+            seconds: 20.0,
+            thin: false,
+            gen_tok_s: Some(10.0 * f64::from(n)),
+            per_request_tok_s: ProxyPerRequest { avg: Some(10.0) },
+            ttft_ms: ProxyTtft::default(),
+        };
+        let p = ProxyReport {
+            detected: true,
+            note: String::new(),
+            samples: Vec::new(),
+            steady_10s: None,
+            capacity_production: Some((1..=16).map(row).collect()),
+        };
+        let mut out = String::new();
+        proxy_capacity(&mut out, &p, run_peak(&p, 8));
+        assert!(out.contains("not only this run"), "{out}");
+        assert!(
+            out.contains("(8 higher levels from other traffic left out)"),
+            "{out}"
+        );
+        assert!(
+            out.contains("| 8 | 80.0 |") && !out.contains("| 9 |"),
+            "{out}"
+        );
+    }
 
     #[test]
     fn marginal_reads_like_the_write_up() {

@@ -175,6 +175,35 @@ fn stats_routes() -> Router<Arc<AppState>> {
         .route("/stats/healthz", get(probe))
         .route("/readyz", get(probe))
         .route("/stats/readyz", get(probe))
+        // The stats API's own errors in its one shape, as its handlers answer theirs (axum's
+        // defaults are empty bodies).
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+/// 404 for a path the stats API does not have.
+async fn not_found(uri: Uri) -> Response {
+    let msg = format!(
+        "no such stats endpoint: {}; see /stats, /stats/metrics, /stats/timeline, /stats/ui",
+        uri.path()
+    );
+    error(StatusCode::NOT_FOUND, &msg, kind::NOT_FOUND, None)
+}
+
+/// 405 for a method other than GET (every stats endpoint is read-only).
+async fn method_not_allowed(method: axum::http::Method, uri: Uri) -> Response {
+    let msg = format!("{method} is not allowed on {}; use GET", uri.path());
+    let mut r = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &msg,
+        kind::METHOD_NOT_ALLOWED,
+        None,
+    );
+    r.headers_mut().insert(
+        header::ALLOW,
+        axum::http::HeaderValue::from_static("GET, HEAD"),
+    );
+    r
 }
 
 /// Liveness (200 whenever the process answers, whatever the upstream does) and readiness (200,
@@ -184,7 +213,7 @@ async fn probe(State(state): State<Arc<AppState>>, uri: Uri) -> Response {
         Some((status, body)) => {
             (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
-        None => StatusCode::NOT_FOUND.into_response(),
+        None => not_found(uri).await,
     }
 }
 

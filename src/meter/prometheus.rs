@@ -7,7 +7,7 @@
 //! bucket bounds follow the shape of vLLM's so the two can be compared bucket by bucket.
 //!
 //! Labels are bounded: `model` (at most [`MAX_TRACKED_MODELS`] names, then `"other"`), `api`
-//! (the four generation APIs, on the counters of finished requests), `outcome` (six values),
+//! (the four generation APIs, on the counters of finished requests), `outcome` (seven values),
 //! `status` (five classes) and, only with `metrics_user_label`, `user` on the counters (at most
 //! `max_tracked_users` names ever, then `"other"`; histograms never carry `user`). The live
 //! token counters carry `model` (and `user`) only: they are fed from the request's start, before
@@ -117,7 +117,7 @@ struct Counters {
 #[derive(Debug, Clone, Default)]
 struct Finished {
     /// Finished requests by outcome and status class.
-    outcomes: [[u64; 5]; 6],
+    outcomes: [[u64; 5]; Outcome::ALL.len()],
     /// Completion tokens counted when requests finish (the exposition before live counting).
     completion: u64,
 }

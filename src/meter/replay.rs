@@ -66,6 +66,9 @@ impl ReplayAccumulator {
         if r.outcome.is_error() {
             fin.errors += 1;
         }
+        if r.outcome == crate::record::Outcome::ClientError {
+            fin.client_errors += 1;
+        }
         if end > start {
             store.at(second_of(start)).level_event(start, 1);
             store.at(second_of(end)).level_event(end, -1);
@@ -170,6 +173,7 @@ impl ReplayTimeline {
             requests_started: acc.requests_started,
             requests_finished: acc.requests_finished,
             errors: acc.errors,
+            client_errors: acc.client_errors,
             in_flight_min: lo,
             in_flight_max: hi,
             in_flight_area: area_ns as f64 / NANOS_PER_SEC as f64,

@@ -13,7 +13,7 @@ use super::timeline::{attribute_finish, second_of};
 
 /// Finished requests per outcome; serialized as an object with every outcome's name.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct OutcomeCounts(pub [u64; 6]);
+pub struct OutcomeCounts(pub [u64; Outcome::ALL.len()]);
 
 impl OutcomeCounts {
     /// Counts one request of outcome `o`.
@@ -34,7 +34,7 @@ impl OutcomeCounts {
 
 impl Serialize for OutcomeCounts {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(6))?;
+        let mut m = s.serialize_map(Some(Outcome::ALL.len()))?;
         for (o, n) in Outcome::ALL.iter().zip(self.0) {
             m.serialize_entry(o.as_str(), &n)?;
         }

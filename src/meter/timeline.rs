@@ -31,7 +31,7 @@
 //! was N > 0 for all of it (min == max == N, fully covered).
 
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
-use crate::record::RequestRecord;
+use crate::record::{Outcome, RequestRecord};
 
 use super::histogram::LogHistogram;
 
@@ -154,8 +154,10 @@ pub struct SecondBucket {
     pub requests_started: u32,
     /// Requests that finished in this second.
     pub requests_finished: u32,
-    /// Finished requests whose outcome counts as an error.
+    /// Finished requests whose outcome counts as an error of the box (`Outcome::is_error`).
     pub errors: u32,
+    /// Finished requests refused for the client's own fault (`client_error`).
+    pub client_errors: u32,
     /// Lowest in-flight level over the integrated part of the second.
     pub in_flight_min: u32,
     /// Highest in-flight level over the integrated part of the second.
@@ -207,6 +209,9 @@ impl SecondBucket {
         self.requests_finished += 1;
         if record.outcome.is_error() {
             self.errors += 1;
+        }
+        if record.outcome == Outcome::ClientError {
+            self.client_errors += 1;
         }
         self.finished
             .get_or_insert_with(Default::default)

@@ -35,3 +35,28 @@ pub async fn page() -> Response {
     )
         .into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::record::Outcome;
+
+    /// The page marks in red only the outcomes it lists as errors of the box: that list must be
+    /// `Outcome::is_error`'s, or a client's own doing (load's deadline aborting its requests)
+    /// reads as the server failing.
+    #[test]
+    fn the_page_marks_red_exactly_the_errors_of_the_box() {
+        let js = include_str!("ui/dashboard.js");
+        let line = js
+            .lines()
+            .find(|l| l.starts_with("const BOX_ERRORS = ["))
+            .expect("BOX_ERRORS in dashboard.js");
+        let listed: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
+        let errors: Vec<&str> = Outcome::ALL
+            .iter()
+            .filter(|o| o.is_error())
+            .map(|o| o.as_str())
+            .collect();
+        assert_eq!(listed, errors);
+        assert!(!listed.contains(&"client_aborted") && !listed.contains(&"client_error"));
+    }
+}

@@ -44,8 +44,11 @@ pub struct WindowStats {
     pub requests_started: Option<u64>,
     /// Requests that finished in the window.
     pub requests_finished: Option<u64>,
-    /// Requests that finished in the window with an error outcome.
+    /// Requests that finished in the window with an error of the box (`Outcome::is_error`).
     pub errors: Option<u64>,
+    /// Requests that finished in the window refused for the client's own fault
+    /// (`client_error`: vLLM's 4xx for a bad request, the proxy's 400/401/408/413/431).
+    pub client_errors: Option<u64>,
     /// In-flight level over the window.
     pub in_flight: Option<InFlightStats>,
     /// Steady at `steady_in_flight`: the (full-length) window's median level N is > 0 and the
@@ -94,6 +97,7 @@ pub fn window_stats(
             requests_started: None,
             requests_finished: None,
             errors: None,
+            client_errors: None,
             in_flight: None,
             steady: false,
             steady_in_flight: None,
@@ -112,6 +116,7 @@ pub fn window_stats(
     }
     let (mut gen, mut prompt, mut area) = (0.0, 0.0, 0.0);
     let (mut started, mut finished, mut errors) = (0u64, 0u64, 0u64);
+    let mut client_errors = 0u64;
     let (mut lo, mut hi) = (u32::MAX, 0u32);
     let mut present = 0u64;
     let mut steady_at: Option<Option<u32>> = None;
@@ -123,6 +128,7 @@ pub fn window_stats(
         started += b.requests_started as u64;
         finished += b.requests_finished as u64;
         errors += b.errors as u64;
+        client_errors += b.client_errors as u64;
         let (min, max, mean) = b.in_flight_complete();
         lo = lo.min(min);
         hi = hi.max(max);
@@ -154,6 +160,7 @@ pub fn window_stats(
         requests_started: Some(started),
         requests_finished: Some(finished),
         errors: Some(errors),
+        client_errors: Some(client_errors),
         in_flight: Some(InFlightStats {
             min: lo,
             max: hi,

@@ -370,10 +370,12 @@ async fn forward(
                 break r;
             }
             Ok(Err(e)) => {
-                if e.is_connect() {
-                    state.health.upstream_failed(index, Clock::global().now());
-                }
                 let (err, outcome, why) = classify_client_error(&e);
+                if e.is_connect() {
+                    state
+                        .health
+                        .upstream_failed(index, Clock::global().now(), why);
+                }
                 load = failed_attempt(ups, index, model.as_deref(), &mut retried);
                 if load.is_some() {
                     continue;
@@ -523,10 +525,13 @@ async fn send(
             Ok(r)
         }
         Ok(Err(e)) => {
+            let classified = classify_client_error(&e);
             if e.is_connect() {
-                state.health.upstream_failed(index, Clock::global().now());
+                state
+                    .health
+                    .upstream_failed(index, Clock::global().now(), classified.2);
             }
-            Err(classify_client_error(&e))
+            Err(classified)
         }
         Err(_) => Err((
             ProxyError::gateway_timeout("no response headers"),
@@ -579,8 +584,9 @@ async fn read_body(
     }
 }
 
+/// Refuses the request for the client's fault (`client_error`: not an error of the box).
 fn reject(tracker: Tracker, err: ProxyError, why: &str) -> Response<ProxyBody> {
-    respond_error(tracker, err, Outcome::ProxyError, why)
+    respond_error(tracker, err, Outcome::ClientError, why)
 }
 
 fn respond_error(

@@ -16,7 +16,8 @@ pub struct RequestInfo {
     pub stream: Option<bool>,
     /// `n`, when it is a small positive integer.
     pub n: Option<u32>,
-    /// `user`, when it is a string.
+    /// Who the body says sent it: `user` when it is a string (OpenAI APIs), else
+    /// `metadata.user_id` when it is a string (Anthropic Messages; Claude Code sends it there).
     pub user: Option<String>,
     /// `stream_options` is present (whatever its value).
     pub has_stream_options: bool,
@@ -38,6 +39,15 @@ struct RawRequest<'a> {
     user: Member<'a>,
     #[serde(default, borrow)]
     stream_options: Member<'a>,
+    #[serde(default, borrow)]
+    metadata: Member<'a>,
+}
+
+/// The one member of `metadata` read: Anthropic's `user_id`.
+#[derive(Deserialize, Default)]
+struct RawMetadata<'a> {
+    #[serde(default, borrow)]
+    user_id: Member<'a>,
 }
 
 /// A member's raw value; unlike `Option<&RawValue>`, a JSON `null` is `Some("null")`.
@@ -88,7 +98,11 @@ impl RequestInfo {
                 .n
                 .0
                 .and_then(|v| serde_json::from_str::<u32>(v.get()).ok()),
-            user: string(raw.user.0),
+            user: string(raw.user.0).or_else(|| {
+                let meta = raw.metadata.0?;
+                let m = serde_json::from_str::<Option<RawMetadata<'_>>>(meta.get()).ok()??;
+                string(m.user_id.0)
+            }),
             has_stream_options: raw.stream_options.0.is_some(),
             include_usage: opts.include_usage == Some(true),
             continuous_usage: opts.continuous_usage_stats == Some(true),
@@ -134,6 +148,27 @@ pub fn inject_include_usage(body: &[u8], info: &RequestInfo) -> Option<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_user_is_user_else_anthropic_metadata_user_id() {
+        let u = |b: &[u8]| RequestInfo::parse(b).user;
+        assert_eq!(
+            u(br#"{"metadata":{"user_id":"carol"}}"#).as_deref(),
+            Some("carol")
+        );
+        assert_eq!(
+            u(br#"{"user":"dave","metadata":{"user_id":"carol"}}"#).as_deref(),
+            Some("dave")
+        );
+        for body in [
+            &br#"{"metadata":{"user_id":7}}"#[..],
+            br#"{"metadata":null}"#,
+            br#"{"metadata":"x"}"#,
+            br#"{"metadata":{}}"#,
+        ] {
+            assert_eq!(u(body), None, "{}", String::from_utf8_lossy(body));
+        }
+    }
 
     #[test]
     fn reads_fields_and_tolerates_wrong_types() {

@@ -515,9 +515,7 @@ impl Tracker {
             }
         }
         let outcome = match outcome {
-            Outcome::Ok if self.error_event || self.status.is_some_and(|s| s >= 400) => {
-                Outcome::UpstreamError
-            }
+            Outcome::Ok => Outcome::of_answer(self.status, self.error_event),
             o => o,
         };
         let mut record = self.record(outcome, error, now);

@@ -36,7 +36,8 @@ pub struct SimArgs {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
-    /// TOML file with [`SimConfig`] fields.
+    /// TOML file with the simulator's settings (the flags' names with underscores, e.g.
+    /// max_num_seqs = 64, served_model_name = "m"); flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Flags that override config fields (boxed: keeps the CLI enum small).
@@ -48,34 +49,34 @@ pub struct SimArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimOverrides {
     /// Maximum running sequences.
-    #[arg(long)]
+    #[arg(long, help = with_default("Maximum running sequences", SimConfig::default().max_num_seqs))]
     pub max_num_seqs: Option<u32>,
     /// Fixed part of a decode step, ms.
-    #[arg(long)]
+    #[arg(long, help = with_default("Fixed part of a decode step, ms", SimConfig::default().step_base_ms))]
     pub step_base_ms: Option<f64>,
     /// Per-sequence part of a decode step, ms.
-    #[arg(long)]
+    #[arg(long, help = with_default("Per-sequence part of a decode step, ms", SimConfig::default().step_per_seq_ms))]
     pub step_per_seq_ms: Option<f64>,
     /// Prefill speed, tokens/s.
-    #[arg(long)]
+    #[arg(long, help = with_default("Prefill speed, tokens/s", SimConfig::default().prefill_tok_s))]
     pub prefill_tok_s: Option<f64>,
     /// Extra time of the first prefill after start or idle, ms.
-    #[arg(long)]
+    #[arg(long, help = with_default("Extra time of the first prefill after start or idle, ms", SimConfig::default().cold_start_ms))]
     pub cold_start_ms: Option<f64>,
     /// Served model name.
-    #[arg(long)]
+    #[arg(long, help = with_default("Served model name", SimConfig::default().served_model_name))]
     pub model: Option<String>,
     /// Context length.
-    #[arg(long)]
+    #[arg(long, help = with_default("Context length", SimConfig::default().max_model_len))]
     pub max_model_len: Option<u64>,
     /// Fixed-pace mode (overhead benchmark): no batching model.
     #[arg(long)]
     pub fixed_pace: bool,
     /// Fixed-pace: acceptance → first event, ms.
-    #[arg(long)]
+    #[arg(long, help = with_default("Fixed-pace: acceptance → first event, ms", SimConfig::default().fixed_ttft_ms))]
     pub fixed_ttft_ms: Option<f64>,
     /// Fixed-pace: gap between events, ms.
-    #[arg(long)]
+    #[arg(long, help = with_default("Fixed-pace: gap between events, ms", SimConfig::default().fixed_gap_ms))]
     pub fixed_gap_ms: Option<f64>,
     /// Stamp every streamed event with `tm_sent_ns` (CLOCK_MONOTONIC).
     #[arg(long)]
@@ -83,6 +84,13 @@ pub struct SimOverrides {
     /// Fill the per-request `metrics` object.
     #[arg(long)]
     pub per_request_metrics: bool,
+}
+
+/// A flag's help with the value it has when neither the flag nor the config file sets it (the
+/// flags are options so that an absent one leaves the file's value; clap's own default would
+/// override the file).
+fn with_default(text: &str, value: impl std::fmt::Display) -> String {
+    format!("{text} [default: {value}]")
 }
 
 impl SimArgs {

@@ -225,3 +225,66 @@ fn stdin_is_read_once_plain_or_gzip() {
         assert_eq!(v["capacity"][2]["gen_tok_s"]["mean"], 350.0);
     }
 }
+
+/// The client's faults are told from the server's: a `client_error` line, and lines written
+/// before the outcome existed (vLLM's 404 logged `upstream_error`, the proxy's 413 logged
+/// `proxy_error`), count as the client's; a 500 and an unreachable upstream (502) as the box's.
+#[test]
+fn client_faults_are_not_errors_of_the_box_in_old_lines_too() {
+    let base = serde_json::to_value(&synth::steady_phases()[0]).unwrap();
+    let mut log = Vec::new();
+    for (outcome, status) in [
+        ("client_error", 400),
+        ("upstream_error", 404),
+        ("proxy_error", 413),
+        ("upstream_error", 429),
+        ("upstream_error", 500),
+        ("proxy_error", 502),
+        ("ok", 200),
+    ] {
+        let mut v = base.clone();
+        v["outcome"] = outcome.into();
+        v["status"] = status.into();
+        log.extend_from_slice(format!("{v}\n").as_bytes());
+    }
+    let dir = TempDir::new("faults");
+    let path = write(&dir.path("faults.jsonl"), &log);
+    let r = analyze(&[path], &AnalyzeOptions::default()).unwrap();
+    let s = &r.summary;
+    assert_eq!(s.client_errors, 3, "{:?}", s.by_outcome);
+    assert_eq!(s.errors, 3, "429, 500 and 502: {:?}", s.by_outcome);
+    assert_eq!(s.by_outcome.get("client_error"), Some(&3));
+    assert_eq!(s.by_outcome.get("upstream_error"), Some(&2));
+    assert_eq!(s.by_outcome.get("proxy_error"), Some(&1));
+}
+
+/// A file of garbage is not an empty report: the binary says no record was found and fails;
+/// an `--html` path that cannot be written is named.
+#[test]
+fn garbage_only_input_and_an_unwritable_html_path_fail_with_a_reason() {
+    let dir = TempDir::new("garbage");
+    let garbage = write(&dir.path("g.jsonl"), b"not json\n\x00\xff\n{\"a\":1}\n");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .arg("analyze")
+        .arg(&garbage)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no request record found"), "{err}");
+    assert!(err.contains("3 lines read"), "{err}");
+    assert!(out.stdout.is_empty(), "no empty tables");
+    let good = write(
+        &dir.path("ok.jsonl"),
+        &lines_of(&synth::steady_phases()[..3]),
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .arg("analyze")
+        .arg(&good)
+        .args(["--html", "/nonexistent-dir/r.html"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent-dir/r.html"), "{err}");
+}

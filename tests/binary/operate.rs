@@ -276,6 +276,86 @@ fn check_config_prints_toml_that_is_accepted_again_with_secrets_redacted() {
 }
 
 #[test]
+fn help_shows_defaults_and_no_code_doc_syntax() {
+    let help = |args: &[&str]| {
+        let out = tokenmeter().args(args).arg("--help").output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for cmd in ["serve", "demo", "sim", "load", "analyze", "healthcheck"] {
+        let text = help(&[cmd]);
+        for link in ["[`", "`]"] {
+            assert!(!text.contains(link), "{cmd} --help has {link}: {text}");
+        }
+    }
+    let serve = help(&["serve"]);
+    for want in [
+        "[default: 127.0.0.1:8080]",
+        "[default: http://127.0.0.1:8000]",
+    ] {
+        assert!(serve.contains(want), "{want}: {serve}");
+    }
+    let sim = help(&["sim"]);
+    for flag in [
+        "--max-num-seqs",
+        "--step-base-ms",
+        "--step-per-seq-ms",
+        "--prefill-tok-s",
+        "--cold-start-ms",
+        "--model",
+        "--max-model-len",
+        "--fixed-ttft-ms",
+        "--fixed-gap-ms",
+    ] {
+        let at = sim.find(&format!("{flag} <")).expect(flag);
+        let entry = &sim[at..];
+        let end = entry.find("\n\n").unwrap_or(entry.len());
+        assert!(
+            entry[..end].contains("[default: "),
+            "{flag}: {}",
+            &entry[..end]
+        );
+    }
+    assert!(sim.contains("[default: 256]"), "{sim}");
+    assert!(help(&["demo"]).contains("--duration <"));
+}
+
+#[test]
+fn serve_names_each_config_problem_once_and_all_in_one_run() {
+    let out = tokenmeter()
+        .args(["serve", "--upstream", "127.0.0.1:8000"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches("upstream: `127.0.0.1:8000`").count(),
+        1,
+        "{err}"
+    );
+    assert!(!err.contains("problems"), "one problem: {err}");
+    assert!(
+        err.contains("did you mean `http://127.0.0.1:8000`?"),
+        "{err}"
+    );
+    // An unknown key and an ill-typed value: both named, in one run.
+    let out = tokenmeter()
+        .args(["serve", "--set", "timeouts.conect_ms=1"])
+        .args(["--set", "max_header_bytes=big"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "2 problems",
+        "timeouts.conect_ms: unknown field `conect_ms`",
+        "max_header_bytes: invalid type: string \"big\"",
+    ] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}
+
+#[test]
 fn check_config_reports_every_problem_and_exits_2() {
     let out = tokenmeter()
         .args(["serve", "--check-config", "--set", "timeouts.connect_ms=0"])
@@ -506,4 +586,54 @@ async fn sighup_reloads_keys_and_the_stats_token_without_cutting_a_stream() {
         .await
         .unwrap();
     assert!(status.success());
+}
+
+/// With the upstream down, the process log says so once (with the reason), not once per
+/// request, and says when it answers again.
+#[tokio::test]
+async fn upstream_connection_failures_and_the_recovery_are_logged_once() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut cmd = tokenmeter();
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .args(["--upstream", &format!("http://127.0.0.1:{port}")])
+        .args(["--set", "upstream_metrics_url=\"\""]);
+    let (child, addr, rx) = spawn_logged(&mut cmd);
+    let models = b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+    for _ in 0..5 {
+        assert_eq!(raw_request(addr, models).await.status, 502);
+    }
+    // The upstream comes up on its port.
+    let up = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut s in up.incoming().map_while(Result::ok) {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ =
+                s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}");
+        }
+    });
+    assert_eq!(raw_request(addr, models).await.status, 200);
+    assert_eq!(raw_request(addr, models).await.status, 200);
+    signal(&child, "TERM");
+    let mut failed = Vec::new();
+    let mut recovered = Vec::new();
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(10)) {
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let msg = v["message"].as_str().unwrap_or_default();
+        if msg.starts_with("cannot connect to the upstream") {
+            failed.push(v);
+        } else if msg.starts_with("the upstream answers again") {
+            recovered.push(v);
+        }
+    }
+    assert_eq!(failed.len(), 1, "rate-limited: {failed:?}");
+    assert_eq!(failed[0]["reason"], "connection refused");
+    assert_eq!(failed[0]["upstream"], format!("127.0.0.1:{port}"));
+    assert_eq!(failed[0]["level"], "WARN");
+    assert_eq!(recovered.len(), 1, "{recovered:?}");
+    assert_eq!(recovered[0]["failures"], 5);
 }

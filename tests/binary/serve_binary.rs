@@ -228,7 +228,7 @@ async fn sighup_reopens_the_access_log_after_rotation() {
 #[test]
 fn demo_runs_the_simulator_behind_the_proxy() {
     let out = tokenmeter()
-        .args(["demo", "--agents", "2", "--duration-s", "3"])
+        .args(["demo", "--agents", "2", "--duration", "3s"])
         .output()
         .unwrap();
     assert!(
@@ -246,6 +246,54 @@ fn demo_runs_the_simulator_behind_the_proxy() {
     assert!(
         !stderr.contains('\u{1b}'),
         "no colour codes when not a terminal"
+    );
+    // It ends with the summary, not with the shutdown: the agents' rates, the log (which holds
+    // what the summary says) and the command to analyze it.
+    let summary = &stdout[stdout.find("tokenmeter demo: summary").expect(&stdout)..];
+    assert!(summary.lines().count() <= 24, "one screen: {summary}");
+    assert!(
+        summary.contains("agent-0") && summary.contains("tok/s"),
+        "{summary}"
+    );
+    let log_line = summary
+        .lines()
+        .find(|l| l.contains("access log"))
+        .expect(summary);
+    let path = log_line
+        .split(": ")
+        .nth(1)
+        .unwrap()
+        .split(" (")
+        .next()
+        .unwrap();
+    let records: usize = log_line
+        .split(" (")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let lines = std::fs::read_to_string(path).unwrap().lines().count();
+    assert!(
+        records > 0 && records == lines,
+        "{records} vs {lines}: {summary}"
+    );
+    assert!(
+        summary.contains(&format!("tokenmeter analyze {path}")),
+        "{summary}"
+    );
+    let _ = std::fs::remove_file(path);
+    // The old spelling still works.
+    let out = tokenmeter()
+        .args(["demo", "--agents", "0", "--duration-s", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -330,6 +378,7 @@ async fn a_canary_secret_appears_nowhere_even_with_debug_logging() {
     assert_eq!(access.lines().count(), 5, "{access}");
     for outcome in [
         "\"ok\"",
+        "\"client_error\"",
         "\"upstream_error\"",
         "\"timeout\"",
         "\"client_aborted\"",

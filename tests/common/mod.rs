@@ -579,8 +579,9 @@ pub fn spawn_logged(
             .recv_timeout(Duration::from_secs(20))
             .expect("a log line");
         if let Some(i) = line.find("listening on ") {
+            // The address ends where the text line's words or the JSON line's quote do.
             break line[i + "listening on ".len()..]
-                .split_whitespace()
+                .split(|c: char| c.is_whitespace() || c == '"')
                 .next()
                 .unwrap()
                 .parse()

@@ -112,3 +112,55 @@ async fn a_failing_server_stops_the_run_early() {
     assert_eq!(s.figures.failures, 10);
     assert_eq!(s.client_aggregate_tok_s, Some(0.0));
 }
+
+/// A proxy whose `/stats` is on its admin address: `--stats-url` reads it there, and the table
+/// says the production-traffic curve is the proxy's whole history, not this run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_url_reads_a_proxy_whose_stats_are_on_another_address() {
+    let plain = spawn(FakeConfig::default()).await;
+    let stats = spawn(FakeConfig {
+        stats: true,
+        ..FakeConfig::default()
+    })
+    .await;
+    let mut opts = LoadOptions::sustained(plain.url.clone(), 2, Duration::from_millis(1200));
+    opts.max_tokens = Some(TOKENS);
+    opts.stats_interval = Duration::from_millis(1000);
+    let report = run(opts.clone(), NoProgress).await.unwrap();
+    let p = report.proxy.as_ref().unwrap();
+    assert!(!p.detected);
+    assert!(p.note.contains("--stats-url"), "{}", p.note);
+    opts.stats_url = Some(stats.url.clone());
+    let report = run(opts, NoProgress).await.unwrap();
+    let p = report.proxy.as_ref().unwrap();
+    assert!(p.detected, "{}", p.note);
+    assert!(!p.samples.is_empty());
+}
+
+/// Agent-like load draws max_tokens per request: the report's first line says the draw, not the
+/// mean as if it were fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_report_names_the_max_tokens_draw() {
+    use tokenmeter::load::{AgentSpec, Arrivals, Dist};
+    let fake = spawn(FakeConfig::default()).await;
+    let spec = AgentSpec {
+        think_ms: Dist::parse("10").unwrap(),
+        prompt_words: Dist::parse("10").unwrap(),
+        output_tokens: Dist::parse("20..300").unwrap(),
+        ..AgentSpec::default()
+    };
+    let opts = LoadOptions::agents(
+        fake.url.clone(),
+        Arrivals::Agents { agents: 2 },
+        spec,
+        Duration::from_millis(300),
+    );
+    let report = run(opts, NoProgress).await.unwrap();
+    let text = tokenmeter::load::table::render(&report);
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.contains("max_tokens drawn per request 20..300"),
+        "{first}"
+    );
+    assert!(!first.contains("max_tokens 160"), "{first}");
+}

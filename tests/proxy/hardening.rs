@@ -173,7 +173,7 @@ async fn a_request_target_never_chooses_where_the_proxy_connects() {
     assert_eq!(lines.len(), 4);
     for l in &lines[..3] {
         assert_eq!(l["status"], 400, "{l}");
-        assert_eq!(l["outcome"], "proxy_error", "{l}");
+        assert_eq!(l["outcome"], "client_error", "{l}");
     }
 }
 

@@ -178,11 +178,11 @@ async fn errors_keep_their_shape_and_count_tokens_is_not_generation() {
     }
     assert_eq!(
         (&lines[0]["api"], &lines[0]["status"], &lines[0]["outcome"]),
-        (&"responses".into(), &404.into(), &"upstream_error".into())
+        (&"responses".into(), &404.into(), &"client_error".into())
     );
     assert_eq!(
         (&lines[1]["api"], &lines[1]["status"], &lines[1]["outcome"]),
-        (&"messages".into(), &404.into(), &"upstream_error".into())
+        (&"messages".into(), &404.into(), &"client_error".into())
     );
     let ct = &lines[2];
     assert!(ct["api"].is_null());

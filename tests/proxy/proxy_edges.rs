@@ -200,7 +200,7 @@ async fn oversized_body_is_413_and_oversized_head_is_431_without_reaching_upstre
     );
     assert!(lines
         .iter()
-        .all(|l| l["outcome"] == "proxy_error" && l["status"] == 413));
+        .all(|l| l["outcome"] == "client_error" && l["status"] == 413));
     assert!(up.seen.try_recv().is_err(), "nothing reached the upstream");
 }
 
@@ -242,6 +242,15 @@ async fn each_user_source_is_recorded() {
             post(CHAT, no_user, &[("authorization", "Bearer sk-unknown")]),
         ),
         ("127.0.0.1/ip".into(), post(CHAT, no_user, &[])),
+        // Anthropic Messages: no key, the user in metadata.user_id (as load --api messages sends it).
+        (
+            "erin/body".into(),
+            post(
+                "/v1/messages",
+                r#"{"model":"m","max_tokens":5,"messages":[],"metadata":{"user_id":"erin"}}"#,
+                &[],
+            ),
+        ),
     ];
     for (_, r) in &cases {
         assert_eq!(raw_request(proxy.addr, r).await.status, 200);

@@ -134,7 +134,7 @@ async fn vllm_errors_before_the_stream_pass_through_unchanged() {
     assert!(find(&seen.body, br#""stream":true"#).is_some());
     assert_eq!((r.status, &r.body), (400, &err.body));
     let line = &proxy.finish().await[0];
-    assert_eq!(line["outcome"], "upstream_error");
+    assert_eq!(line["outcome"], "client_error");
     assert!(line["ttft_source"].is_null());
 }
 

@@ -170,7 +170,7 @@ async fn slow_body_sender_gets_408() {
     assert!(t.elapsed() < Duration::from_millis(1000));
     assert!(up.seen.try_recv().is_err());
     let lines = proxy.finish().await;
-    assert_eq!(lines[0]["outcome"], "proxy_error");
+    assert_eq!(lines[0]["outcome"], "client_error");
     assert_eq!(lines[0]["status"], 408);
 }
 
@@ -284,7 +284,7 @@ async fn bad_request_bodies_are_forwarded_unchanged_and_measured_as_unknown() {
         assert_schema("record.schema.json", l);
         assert!(l["model"].is_null() || l["model"] == "m");
         assert!(l["stream"].is_null() || l["stream"] == false);
-        assert_eq!(l["outcome"], "upstream_error");
+        assert_eq!(l["outcome"], "client_error", "vLLM's 400 for bad JSON");
     }
 }
 

@@ -22,6 +22,8 @@ pub struct SecondAcc {
     pub requests_finished: u32,
     /// Finished requests whose outcome counts as an error.
     pub errors: u32,
+    /// Finished requests refused for the client's own fault (`client_error`).
+    pub client_errors: u32,
     /// Level changes (+1 start, -1 end) exactly at this second's first instant: they set the
     /// level carried into the second rather than happening inside it.
     pub boundary_delta: i64,
@@ -54,6 +56,7 @@ impl SecondAcc {
         self.requests_started += other.requests_started;
         self.requests_finished += other.requests_finished;
         self.errors += other.errors;
+        self.client_errors += other.client_errors;
         self.boundary_delta += other.boundary_delta;
         self.inside_starts += other.inside_starts;
         self.inside_ends += other.inside_ends;

@@ -8,6 +8,10 @@ const PAGE_ROWS = 20;
 const TIMELINE_S = 300;
 const KNEE_FACTOR = 2.0;
 const SVG_NS = "http://www.w3.org/2000/svg";
+// Outcomes that are errors of the box (the server or the proxy failed): the only ones shown in
+// red. client_aborted (a client that gave up, load's own deadline included) and client_error (its
+// request refused) are the client's doing. A unit test (meter::ui) holds this list to Outcome::is_error.
+const BOX_ERRORS = ["upstream_error", "upstream_aborted", "timeout", "proxy_error"];
 
 const token = new URLSearchParams(location.hash.slice(1)).get("token");
 const state = { window: null, page: 0, filter: "", snap: null, timeline: null, updates: 0 };
@@ -117,6 +121,7 @@ function renderTiles(s, w) {
   setText("errors", int(w && w.errors));
   $("errors").className = w && w.errors > 0 ? "bad" : "";
   setText("errors_total", int(s.totals.errors));
+  setText("client_errors", int(w && w.client_errors));
 }
 
 const PCT_ROWS = [
@@ -206,9 +211,11 @@ function renderServer(s, w) {
 
 function renderHealth(s) {
   const o = s.totals.outcomes;
-  const rows = [["errors", "error outcomes", String(s.totals.errors), s.totals.errors ? "bad" : ""]];
+  const rows = [["errors", "errors of the server (upstream or proxy)", String(s.totals.errors), s.totals.errors ? "bad" : ""]];
   for (const [k, v] of Object.entries(o)) {
-    rows.push(["outcome-" + k, "outcome " + k, String(v), v && k !== "ok" ? "bad" : ""]);
+    const box = BOX_ERRORS.includes(k);
+    const whose = k === "ok" ? "" : box ? " (server)" : " (the client's own)";
+    rows.push(["outcome-" + k, "outcome " + k + whose, String(v), v && box ? "bad" : ""]);
   }
   const al = s.access_log;
   rows.push(["written", "access log: lines written", String(al.written)]);
