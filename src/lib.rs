@@ -32,4 +32,5 @@ pub mod sim;
 pub mod sse;
 mod swar;
 pub mod tls;
+pub mod token_curve;
 pub mod traceparent;

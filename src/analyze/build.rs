@@ -110,6 +110,7 @@ pub fn build(
         timeline,
         capacity,
         capacity_production,
+        capacity_production_tokens: p.placement,
         saturation,
         users,
         apis,
