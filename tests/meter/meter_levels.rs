@@ -2,6 +2,8 @@
 //! clock: the simulator's engine core (a pure state machine) runs agent-like traffic with think
 //! time, varied prompts and lengths; its events reach the meter with a little delivery jitter,
 //! exactly as the proxy would report them. The truth per level is N x 1000 / (12.2 + 2.1 N) tok/s.
+//! The same run's records, with the token curves the tracker would log, go through `analyze`,
+//! which must give the meter's curve.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -13,6 +15,7 @@ use tokenmeter::meter::{Meter, MeterConfig, SnapshotQuery};
 use tokenmeter::sim::engine::{Engine, Ev, Job, Sink};
 use tokenmeter::sim::metrics::Stats;
 use tokenmeter::sim::SimConfig;
+use tokenmeter::token_curve::TokenCurveBuilder;
 
 use crate::meter_support::{record, T0};
 
@@ -36,6 +39,20 @@ struct Open {
     tokens: u64,
     agent: usize,
     prompt: u64,
+    /// Streamed (its tokens reach the meter as they pass), else answered at its end.
+    stream: bool,
+    curve: TokenCurveBuilder,
+}
+
+/// The traffic of one run.
+struct Traffic {
+    agents: usize,
+    duration_s: u64,
+    think_ms: (u64, u64),
+    out: (u64, u64),
+    /// Share of the requests streamed (1: every one).
+    stream_share: f64,
+    seed: u64,
 }
 
 /// Known aggregate rate of the default simulator at `n` running sequences (no prefill).
@@ -46,7 +63,29 @@ fn truth(n: u32) -> f64 {
 /// Runs `agents` closed-loop agents for `duration_s` simulated seconds; think time uniform in
 /// `think_ms`, prompts of 20..3000 tokens, outputs of `out` tokens. Returns the meter.
 fn run(agents: usize, duration_s: u64, think_ms: (u64, u64), out: (u64, u64), seed: u64) -> Meter {
+    run_traffic(&Traffic {
+        agents,
+        duration_s,
+        think_ms,
+        out,
+        stream_share: 1.0,
+        seed,
+    })
+    .0
+}
+
+/// Runs `t`; returns the meter and every record, with the token curve the tracker would log.
+fn run_traffic(t: &Traffic) -> (Meter, Vec<tokenmeter::record::RequestRecord>) {
+    let &Traffic {
+        agents,
+        duration_s,
+        think_ms,
+        out,
+        stream_share,
+        seed,
+    } = t;
     const MS: u64 = 1_000_000;
+    let mut records = Vec::new();
     let cfg = SimConfig {
         stop_probability_per_token: 0.0,
         ..SimConfig::default()
@@ -85,6 +124,8 @@ fn run(agents: usize, duration_s: u64, think_ms: (u64, u64), out: (u64, u64), se
             id += 1;
             let rec = Rec::default();
             let prompt = rng.gen_range(20..3000);
+            // Drawn only for mixed traffic, so all-streamed runs keep their sequence.
+            let stream = stream_share >= 1.0 || rng.gen_bool(stream_share);
             engine.submit(Job {
                 n: 1,
                 prompt_tokens: prompt,
@@ -103,6 +144,8 @@ fn run(agents: usize, duration_s: u64, think_ms: (u64, u64), out: (u64, u64), se
                     tokens: 0,
                     agent,
                     prompt,
+                    stream,
+                    curve: TokenCurveBuilder::new(T0 + at),
                 },
             );
         }
@@ -142,9 +185,12 @@ fn run(agents: usize, duration_s: u64, think_ms: (u64, u64), out: (u64, u64), se
             let n = evs.iter().filter(|e| matches!(e, Ev::Token { .. })).count() as u64;
             let seen = step_end + jitter(&mut rng);
             if n > 0 {
-                o.first.get_or_insert(seen);
                 o.tokens += n;
-                meter.tokens(T0 + seen, rid, n);
+                if o.stream {
+                    o.first.get_or_insert(seen);
+                    meter.tokens(T0 + seen, rid, n);
+                    o.curve.push(T0 + seen, n);
+                }
             }
             if evs.iter().any(|e| matches!(e, Ev::Done(_))) {
                 done.push((rid, seen + 100_000));
@@ -154,21 +200,23 @@ fn run(agents: usize, duration_s: u64, think_ms: (u64, u64), out: (u64, u64), se
         for (rid, fin) in done {
             let o = open.remove(&rid).unwrap();
             let ms = |ns: u64| ns as f64 / 1e6;
-            let r = record(
+            let mut r = record(
                 T0 + o.arrival,
                 ms(fin - o.arrival),
                 o.first.map(|f| ms(f - o.arrival)),
                 Some(o.tokens),
                 Some(o.prompt),
-                true,
+                o.stream,
             );
+            r.token_curve = o.curve.finish();
             meter.request_finished_id(T0 + fin, Some(rid), &r);
+            records.push(r);
             let think = rng.gen_range(think_ms.0..=think_ms.1) * MS;
             next[o.agent] = Some(fin + think);
         }
         t = step_end;
     }
-    meter
+    (meter, records)
 }
 
 #[test]
@@ -234,4 +282,75 @@ fn without_the_guard_prefill_drags_the_figure_down() {
         }
     }
     assert!(worse >= 2, "the guard made no difference");
+}
+
+/// `analyze` on `records` written as a log.
+fn analyze(records: &[tokenmeter::record::RequestRecord]) -> tokenmeter::analyze::Report {
+    let dir = crate::common::TempDir::new("levels-log");
+    let log = dir.0.join("access.jsonl");
+    let text: Vec<u8> = records.iter().flat_map(|r| r.to_json_line()).collect();
+    std::fs::write(&log, text).unwrap();
+    tokenmeter::analyze::analyze(&[log], &Default::default()).unwrap()
+}
+
+#[test]
+fn analyze_of_the_log_gives_the_meter_s_curve_on_the_demo_s_traffic() {
+    // The demo's agents: think 0.2-3 s, a third of the requests non-streamed, 20-300 output
+    // tokens (prompts of 20-3000 tokens): arrivals are frequent and most time is guarded.
+    let (mut m, mut records) = run_traffic(&Traffic {
+        agents: 16,
+        duration_s: 900,
+        think_ms: (200, 3000),
+        out: (20, 300),
+        stream_share: 0.7,
+        seed: 34,
+    });
+    let live = m
+        .snapshot(T0 + 1_600 * 1_000_000_000, &SnapshotQuery::default())
+        .unwrap()
+        .capacity_production;
+    let offline = analyze(&records);
+    assert_eq!(offline.capacity_production_tokens.spread, 0);
+    // Lines without the curve (written before it) are spread over [TTFT, end], as before.
+    records.iter_mut().for_each(|r| r.token_curve = None);
+    let spread = analyze(&records);
+    println!("| N | clean s | meter tok/s | analyze tok/s | diff % | spread tok/s | diff % |");
+    println!("|---|---|---|---|---|---|---|");
+    let (mut checked, mut spread_worst) = (0, 0.0f64);
+    for l in live.iter().filter(|r| !r.thin) {
+        let find = |rep: &tokenmeter::analyze::Report| {
+            rep.capacity_production
+                .iter()
+                .find(|o| o.in_flight == l.in_flight)
+                .cloned()
+                .unwrap()
+        };
+        let (o, s) = (find(&offline), find(&spread));
+        let g = l.gen_tok_s.unwrap();
+        let d = o.gen_tok_s.unwrap() / g - 1.0;
+        let ds = s.gen_tok_s.unwrap() / g - 1.0;
+        println!(
+            "| {} | {:.1} | {g:.1} | {:.1} | {:+.3} | {:.1} | {:+.2} |",
+            l.in_flight,
+            l.seconds,
+            o.gen_tok_s.unwrap(),
+            d * 100.0,
+            s.gen_tok_s.unwrap(),
+            ds * 100.0
+        );
+        // The same arrivals, first tokens (to the ms) and ends: the same clean time.
+        assert!(
+            (o.seconds / l.seconds - 1.0).abs() < 1e-3,
+            "level {}",
+            l.in_flight
+        );
+        assert!(d.abs() < 0.01, "level {}: {:+.2} %", l.in_flight, d * 100.0);
+        checked += 1;
+        spread_worst = spread_worst.max(ds.abs());
+    }
+    assert!(checked >= 3, "{checked} non-thin levels");
+    assert!(
+        spread_worst > 0.03,
+        "the old spreading is off by {spread_worst}"
+    );
 }
