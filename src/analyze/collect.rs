@@ -272,20 +272,23 @@ impl Pass1 {
             // Checked by the parser.
             curve_values(text, |v| self.curve.push(v));
         }
-        // With a curve, its first point is the first token as the meter saw it (the guard's
-        // end); without, the TTFT.
-        let first_token = match token_curve::first_point(r.ts_ns, &self.curve) {
-            Some(t) => {
+        // The first token as the meter saw it (the guard's end): the TTFT, to the ns; a line
+        // with a curve but no TTFT has its first point, to the ms. (The TTFT, not the rounded
+        // point: the guard's cap is twice the longest recent first-token delay, so one rounded
+        // delay would move the caps of every non-streamed request after it the same way.)
+        let ttft = ttft_ns(&self.scratch);
+        let first_token = match (token_curve::first_point(r.ts_ns, &self.curve), ttft) {
+            (Some(p), t) => {
                 self.placement.token_curve += 1;
-                t.min(end)
+                t.unwrap_or(p).min(end)
             }
-            None => {
-                let t = ttft_ns(&self.scratch);
-                match t {
-                    Some(_) => self.placement.spread += 1,
-                    None => self.placement.no_first_token += 1,
-                }
-                t.unwrap_or(0)
+            (None, Some(t)) => {
+                self.placement.spread += 1;
+                t
+            }
+            (None, None) => {
+                self.placement.no_first_token += 1;
+                0
             }
         };
         if let Some(spill) = self.spill.as_mut() {
