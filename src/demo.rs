@@ -14,7 +14,7 @@ use crate::sim::SimConfig;
 /// default shape (think 200..3000 ms, prompts of 10..2000 words, 20..300 output tokens). Agent i
 /// speaks the (i mod 4)-th API of [`MIX`], so a team of four has a chat client, a Codex-style
 /// Responses agent, a Claude-Code-style Messages agent and a completions tool.
-fn demo_agents() -> AgentSpec {
+pub fn demo_agents() -> AgentSpec {
     AgentSpec {
         apis: MIX.to_vec(),
         stream_share: 0.7,

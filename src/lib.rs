@@ -33,4 +33,5 @@ pub mod slo;
 pub mod sse;
 mod swar;
 pub mod tls;
+pub mod token_curve;
 pub mod traceparent;

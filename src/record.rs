@@ -249,6 +249,13 @@ pub struct RequestRecord {
     pub server_ttft_ms: Option<f64>,
     /// vLLM's own mean inter-token latency for this request, ms.
     pub server_mean_itl_ms: Option<f64>,
+    /// The request's output tokens over time, as the live meter placed them (`token_curve`):
+    /// `[ms, tokens]` pairs, the first the first token event (ms since arrival, its tokens),
+    /// each next one ms since the previous point and the tokens made evenly over them; within
+    /// 0.1 token of the stream's count at every event. `null` when no token passed before the
+    /// end (non-streamed requests); absent in lines written before it.
+    #[serde(default)]
+    pub token_curve: Option<Vec<u32>>,
     /// The request's ITL samples, for the meter's windows and the Prometheus histogram; not
     /// logged (the line has its summary figures).
     #[serde(skip)]

@@ -116,6 +116,7 @@ pub fn build(
         capacity,
         capacity_production,
         service_level,
+        capacity_production_tokens: p.placement,
         saturation,
         users,
         apis,

@@ -1,6 +1,6 @@
 //! What the passes accumulate. Pass 1 (one accumulator per worker, merged) keeps everything that
-//! is order-independent and bounded by seconds, levels and users, and spills 48 bytes per request
-//! for pass 2; pass 2 reads the spill against the finished timeline (each request's mean in-flight
+//! is order-independent and bounded by seconds, levels and users, and spills 52 bytes per request
+//! and its token curve for pass 2; pass 2 reads the spill against the finished timeline (each request's mean in-flight
 //! level) and keeps only per-level min/max tok/s.
 
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -17,10 +17,12 @@ use crate::meter::replay::{LevelSweep, ReplayAccumulator};
 use crate::meter::timeline::{end_ns, generation_interval, ttft_ns, RateStats};
 use crate::record::{Outcome, RequestRecord};
 use crate::scrape::ServerSample;
+use crate::token_curve;
 
 use super::filter::Filter;
 use super::input::TOO_LONG_PLACEHOLDER;
-use super::parse::{parse_line, scratch_record, BadReason, LeanRecord, Parsed};
+use super::parse::{curve_values, parse_line, scratch_record, BadReason, LeanRecord, Parsed};
+use super::report::TokenPlacement;
 use super::spill::{decode_verdict, encode_verdict, for_each_by_start, Spill, SpillEntry};
 
 /// How many bad-line positions the report names.
@@ -151,7 +153,11 @@ pub struct Pass1 {
     pub server_samples: Vec<ServerSample>,
     /// Judges records logged without a verdict.
     slo: SloConfig,
+    /// How the production curve placed the generation requests' tokens.
+    pub placement: TokenPlacement,
     scratch: RequestRecord,
+    /// The current line's token curve.
+    curve: Vec<u32>,
     spill: Option<Spill>,
     spills: Vec<Spill>,
 }
@@ -177,7 +183,9 @@ impl Default for Pass1 {
             cold_start_count: 0,
             server_samples: Vec::new(),
             slo: SloConfig::default(),
+            placement: TokenPlacement::default(),
             scratch: scratch_record(),
+            curve: Vec::new(),
             spill: None,
             spills: Vec::new(),
         }
@@ -265,18 +273,43 @@ impl Pass1 {
         }
         self.replay.add(&self.scratch);
         let slo = encode_verdict(self.verdict(r));
+        self.curve.clear();
+        if let Some(text) = r.token_curve {
+            // Checked by the parser.
+            curve_values(text, |v| self.curve.push(v));
+        }
+        // The first token as the meter saw it (the guard's end): the TTFT, to the ns; a line
+        // with a curve but no TTFT has its first point, to the ms. (The TTFT, not the rounded
+        // point: the guard's cap is twice the longest recent first-token delay, so one rounded
+        // delay would move the caps of every non-streamed request after it the same way.)
+        let ttft = ttft_ns(&self.scratch);
+        let first_token = match (token_curve::first_point(r.ts_ns, &self.curve), ttft) {
+            (Some(p), t) => {
+                self.placement.token_curve += 1;
+                t.unwrap_or(p).min(end)
+            }
+            (None, Some(t)) => {
+                self.placement.spread += 1;
+                t
+            }
+            (None, None) => {
+                self.placement.no_first_token += 1;
+                0
+            }
+        };
         if let Some(spill) = self.spill.as_mut() {
             let (gen_from, _) = generation_interval(&self.scratch, end);
-            spill.push(SpillEntry {
+            let entry = SpillEntry {
                 start: r.ts_ns,
                 end,
                 tok_s: r.tok_s.unwrap_or(f64::NAN),
                 in_flight_at_start: r.in_flight_at_start,
-                first_token: ttft_ns(&self.scratch).unwrap_or(0),
+                first_token,
                 gen_from,
                 completion_tokens: r.completion_tokens.map_or(f64::NAN, |c| c as f64),
                 slo,
-            })?;
+            };
+            spill.push(entry, &self.curve)?;
         }
         Ok(())
     }
@@ -311,16 +344,29 @@ pub struct Pass2 {
     pub second_mixes: BTreeMap<u64, SecondMix>,
 }
 
+/// A record in flight during the production sweep.
+struct OpenRecord {
+    key: crate::meter::levels::GuardKey,
+    start: UnixNanos,
+    /// Where the tokens the curve does not hold are spread from (to the end).
+    from: UnixNanos,
+    /// Completion tokens minus the curve's; NaN when unknown.
+    rest: f64,
+    curve: Vec<u32>,
+}
+
 /// The live meter's level attribution replayed from records fed in arrival order: each record's
-/// guard closes at its first token (arrival + TTFT), its tokens are spread over its decode
-/// interval at its end (the log holds no per-event times).
+/// guard closes at its first token (its curve's first point, else arrival + TTFT). A record with
+/// a token curve credits its curve's stretches as the live meter credited its events (the first
+/// at its first token, the rest at its end), and the tokens the curve does not hold over its
+/// decode interval; a record without one spreads all its tokens over its decode interval at its
+/// end.
 struct ProductionSweep {
     attr: LevelAttribution,
     /// The same level changes, per second.
     mixes: SecondMixes,
     pending: BinaryHeap<std::cmp::Reverse<(UnixNanos, u8, u64)>>,
-    /// Open records: guard, arrival, start of their token spreading, tokens.
-    open: HashMap<u64, (crate::meter::levels::GuardKey, UnixNanos, UnixNanos, f64)>,
+    open: HashMap<u64, OpenRecord>,
     decode_from: std::collections::BTreeSet<(UnixNanos, u64)>,
     seq: u64,
 }
@@ -345,31 +391,41 @@ impl ProductionSweep {
                 break;
             }
             self.pending.pop();
-            let Some(&(key, start, from, tokens)) = self.open.get(&seq) else {
+            let Some(o) = self.open.get(&seq) else {
                 continue;
             };
             if kind == 0 {
-                // From its first token on, the request's tokens reach back to `from` only.
-                self.attr.first_token(at, key);
-                self.decode_from.remove(&(start, seq));
-                self.decode_from.insert((from, seq));
+                self.attr.first_token(at, o.key);
+                // The first event's tokens were made since the arrival, as live.
+                if let Some(p) = token_curve::pieces(o.start, &o.curve).next() {
+                    self.attr.tokens(o.start, at, p.tokens);
+                }
+                // From its first token on, the request's tokens reach back to here only.
+                self.decode_from.remove(&(o.start, seq));
+                self.decode_from.insert((o.from.min(at), seq));
                 continue;
             }
-            self.open.remove(&seq);
-            self.decode_from.remove(&(start, seq));
-            self.decode_from.remove(&(from, seq));
+            let Some(o) = self.open.remove(&seq) else {
+                continue;
+            };
+            self.decode_from.remove(&(o.start, seq));
+            self.decode_from.remove(&(o.from, seq));
+            self.decode_from.remove(&(o.from.min(at), seq));
             self.attr.advance(at);
-            if tokens.is_finite() {
-                self.attr.tokens(from, at, tokens);
+            for p in token_curve::pieces(o.start, &o.curve).skip(1) {
+                self.attr.tokens(p.from, p.to, p.tokens);
             }
-            self.attr.depart(at, key);
+            if o.rest.is_finite() {
+                self.attr.tokens(o.from, at, o.rest);
+            }
+            self.attr.depart(at, o.key);
             self.mixes.change(at, self.attr.level());
             let floor = self.decode_from.first().map_or(at, |&(f, _)| f);
             self.attr.finalize_before(floor);
         }
     }
 
-    fn push(&mut self, e: &SpillEntry) {
+    fn push(&mut self, e: &SpillEntry, curve: &[u32]) {
         self.until(e.start);
         if e.end <= e.start {
             return;
@@ -387,11 +443,21 @@ impl ProductionSweep {
             e.start.saturating_add(GuardConfig::default().guard_max_ns)
         }
         .clamp(e.start, e.end);
-        self.open
-            .insert(self.seq, (key, e.start, from, e.completion_tokens));
+        let rest = e.completion_tokens - token_curve::total(curve) as f64;
+        self.open.insert(
+            self.seq,
+            OpenRecord {
+                key,
+                start: e.start,
+                from,
+                rest,
+                curve: curve.to_vec(),
+            },
+        );
         // Until its first token is replayed, nothing after its arrival is final: a first token
-        // after the guard's cap makes the time since the cap guarded (see meter::levels).
-        let pending_first = e.first_token > 0 && e.first_token < e.end;
+        // after the guard's cap makes the time since the cap guarded (see meter::levels). A
+        // first token at the end still closes the guard there, as live.
+        let pending_first = e.first_token > 0 && e.first_token <= e.end;
         self.decode_from
             .insert((if pending_first { e.start } else { from }, self.seq));
         if pending_first {
@@ -509,6 +575,7 @@ impl Pass1 {
             mine.ttft_ms.merge(&a.ttft_ms);
         }
         self.server_samples.append(&mut other.server_samples);
+        self.placement.merge(&other.placement);
         self.cold_starts.append(&mut other.cold_starts);
         self.cold_starts.sort_by_key(|c| c.ts_ns);
         self.cold_starts.truncate(COLD_STARTS_LISTED);
@@ -536,8 +603,8 @@ impl Pass1 {
             }
         };
         let mut sweep = LevelSweep::new();
-        for_each_by_start(&mut self.spills, |e| {
-            production.push(e);
+        for_each_by_start(&mut self.spills, |e, curve| {
+            production.push(e, curve);
             let payload = (e.tok_s, e.slo, e.completion_tokens);
             sweep.push(e.start, e.end, e.in_flight_at_start, payload, &mut visit);
         })?;

@@ -75,6 +75,8 @@ struct RawLine<'a> {
     #[serde(default, deserialize_with = "present")]
     slo_ok: Option<Option<bool>>,
     slo_miss: Option<crate::slo::SloMiss>,
+    #[serde(borrow)]
+    token_curve: Option<&'a serde_json::value::RawValue>,
 }
 
 /// A key that is present, whatever its value (`null` included).
@@ -164,6 +166,30 @@ pub struct LeanRecord<'a> {
     pub slo_miss: Option<crate::slo::SloMiss>,
     /// First request after an idle gap.
     pub cold_start: bool,
+    /// The `token_curve` array's text, checked by [`curve_values`]; `None` when the line has
+    /// none (`null`, or written before the field).
+    pub token_curve: Option<&'a str>,
+}
+
+/// Calls `value` for each number of a `token_curve` array's text; whether the text is a curve
+/// (integers that fit in 32 bits, whole pairs, at least one).
+pub fn curve_values(text: &str, mut value: impl FnMut(u32)) -> bool {
+    let Some(inner) = text
+        .trim()
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+    else {
+        return false;
+    };
+    let mut n = 0usize;
+    for item in inner.split(',') {
+        match item.trim().parse::<u32>() {
+            Ok(v) => value(v),
+            Err(_) => return false,
+        }
+        n += 1;
+    }
+    n % 2 == 0
 }
 
 /// What one line turned out to be.
@@ -230,9 +256,11 @@ pub fn parse_line(line: &[u8]) -> Parsed<'_> {
     ) else {
         return Parsed::Bad(BadReason::MissingField);
     };
+    let token_curve = raw.token_curve.map(|c| c.get()).filter(|c| *c != "null");
     if !latency_ok(raw.e2e_ms)
         || !latency_ok(raw.ttft_ms)
         || raw.tok_s.is_some_and(|v| !v.is_finite())
+        || token_curve.is_some_and(|c| !curve_values(c, |_| {}))
     {
         return Parsed::Bad(BadReason::InvalidValue);
     }
@@ -259,6 +287,7 @@ pub fn parse_line(line: &[u8]) -> Parsed<'_> {
         slo_ok: raw.slo_ok,
         slo_miss: raw.slo_miss,
         cold_start: cold,
+        token_curve,
     })
 }
 
@@ -348,6 +377,7 @@ pub fn scratch_record() -> RequestRecord {
         server_queue_ms: None,
         server_ttft_ms: None,
         server_mean_itl_ms: None,
+        token_curve: None,
         itl: None,
         trace: None,
     }

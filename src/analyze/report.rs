@@ -32,6 +32,9 @@ pub struct Report {
     pub capacity_production: Vec<crate::meter::levels::ProductionRow>,
     /// Capacity at the service level: the same view `/stats` gives, from the same counts.
     pub service_level: crate::meter::service_level::ServiceLevelView,
+    /// How the production curve placed the generation requests' tokens (which requests it
+    /// reproduces exactly as live, which it spreads).
+    pub capacity_production_tokens: TokenPlacement,
     /// TTFT by arrival level and the knee.
     pub saturation: Saturation,
     /// Per-user figures, by generated tokens descending.
@@ -46,6 +49,28 @@ pub struct Report {
     /// One capacity curve per upstream replica when the lines name more than one (each rebuilt
     /// from that replica's records alone, so N is its own concurrency); empty otherwise.
     pub upstreams: Vec<UpstreamCapacity>,
+}
+
+/// How the production curve placed the tokens of the generation requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TokenPlacement {
+    /// Requests whose line has a `token_curve`: their tokens placed in time as the live meter
+    /// placed them.
+    pub token_curve: u64,
+    /// Requests with a first token but no `token_curve` (lines written before the field): their
+    /// tokens spread evenly over `[TTFT, end]`, which reads low where arrivals are frequent.
+    pub spread: u64,
+    /// Requests no token of which passed before the end (non-streamed): spread over the time
+    /// after the guard's cap, as live.
+    pub no_first_token: u64,
+}
+
+impl TokenPlacement {
+    pub(super) fn merge(&mut self, o: &TokenPlacement) {
+        self.token_curve += o.token_curve;
+        self.spread += o.spread;
+        self.no_first_token += o.no_first_token;
+    }
 }
 
 /// One replica's capacity curve.

@@ -1,10 +1,11 @@
 //! The per-request context pass 2 needs, spilled to temporary files during pass 1 so the logs
-//! are parsed only once and memory stays independent of the number of lines: 49 bytes per
+//! are parsed only once and memory stays independent of the number of lines: 53 bytes per
 //! generation request (arrival ns, end ns, tok/s or NaN, `in_flight_at_start`, the first-token
-//! instant, the start of the decode interval, the completion tokens and the service-level
-//! verdict), written in runs
-//! sorted by arrival (at most [`RUN_ENTRIES`] in memory at a time) and read back as one stream in
-//! arrival order by a k-way merge of the runs.
+//! instant, the start of the decode interval, the completion tokens, the length of its token
+//! curve and the service-level verdict) followed by its token curve (4 bytes a value), written
+//! in runs sorted by arrival (at most [`RUN_ENTRIES`] entries and [`RUN_CURVE_VALUES`] curve
+//! values in memory at a time) and read back as one stream in arrival order by a k-way merge of
+//! the runs.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -15,10 +16,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::clock::UnixNanos;
 
-/// Bytes per spilled request.
-pub const ENTRY_BYTES: usize = 49;
-/// Entries sorted in memory before a run is written (7 MiB).
+/// Bytes per spilled request, before its curve.
+pub const ENTRY_BYTES: usize = 53;
+/// Entries sorted in memory before a run is written (8 MiB).
 pub const RUN_ENTRIES: usize = 1 << 18;
+/// Curve values held in memory before a run is written (4 MiB).
+pub const RUN_CURVE_VALUES: usize = 1 << 20;
 
 /// One spilled request.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -62,7 +65,7 @@ pub fn decode_verdict(code: u8) -> Option<crate::slo::Verdict> {
 }
 
 impl SpillEntry {
-    fn encode(&self) -> [u8; ENTRY_BYTES] {
+    fn encode(&self, curve_len: u32) -> [u8; ENTRY_BYTES] {
         let mut b = [0u8; ENTRY_BYTES];
         b[0..8].copy_from_slice(&self.start.to_le_bytes());
         b[8..16].copy_from_slice(&self.end.to_le_bytes());
@@ -71,11 +74,13 @@ impl SpillEntry {
         b[28..36].copy_from_slice(&self.first_token.to_le_bytes());
         b[36..44].copy_from_slice(&self.gen_from.to_le_bytes());
         b[44..48].copy_from_slice(&(self.completion_tokens as f32).to_le_bytes());
-        b[48] = self.slo;
+        b[48..52].copy_from_slice(&curve_len.to_le_bytes());
+        b[52] = self.slo;
         b
     }
 
-    fn decode(b: &[u8; ENTRY_BYTES]) -> SpillEntry {
+    /// The entry and the length of the curve that follows it.
+    fn decode(b: &[u8; ENTRY_BYTES]) -> (SpillEntry, u32) {
         let u64_at = |i: usize| {
             let mut x = [0u8; 8];
             x.copy_from_slice(&b[i..i + 8]);
@@ -86,7 +91,7 @@ impl SpillEntry {
             x.copy_from_slice(&b[i..i + 4]);
             x
         };
-        SpillEntry {
+        let e = SpillEntry {
             start: u64::from_le_bytes(u64_at(0)),
             end: u64::from_le_bytes(u64_at(8)),
             tok_s: f64::from_le_bytes(u64_at(16)),
@@ -94,8 +99,9 @@ impl SpillEntry {
             first_token: u64::from_le_bytes(u64_at(28)),
             gen_from: u64::from_le_bytes(u64_at(36)),
             completion_tokens: f32::from_le_bytes(u32_at(44)) as f64,
-            slo: b[48],
-        }
+            slo: b[52],
+        };
+        (e, u32::from_le_bytes(u32_at(48)))
     }
 }
 
@@ -104,10 +110,13 @@ impl SpillEntry {
 pub struct Spill {
     path: PathBuf,
     writer: Option<BufWriter<File>>,
-    pending: Vec<SpillEntry>,
-    /// (first entry index, entries) of every written run.
+    /// Entries of the run being gathered, each with its curve's place in `curves`.
+    pending: Vec<(SpillEntry, u32, u32)>,
+    curves: Vec<u32>,
+    /// (first byte, entries) of every written run.
     runs: Vec<(u64, u64)>,
     written: u64,
+    written_bytes: u64,
 }
 
 impl Spill {
@@ -125,15 +134,19 @@ impl Spill {
             path,
             writer: Some(BufWriter::with_capacity(1 << 16, file)),
             pending: Vec::new(),
+            curves: Vec::new(),
             runs: Vec::new(),
             written: 0,
+            written_bytes: 0,
         })
     }
 
-    /// Appends one entry.
-    pub fn push(&mut self, e: SpillEntry) -> io::Result<()> {
-        self.pending.push(e);
-        if self.pending.len() >= RUN_ENTRIES {
+    /// Appends one entry and its token curve (empty: none).
+    pub fn push(&mut self, e: SpillEntry, curve: &[u32]) -> io::Result<()> {
+        let at = self.curves.len() as u32;
+        self.curves.extend_from_slice(curve);
+        self.pending.push((e, at, curve.len() as u32));
+        if self.pending.len() >= RUN_ENTRIES || self.curves.len() >= RUN_CURVE_VALUES {
             self.write_run()?;
         }
         Ok(())
@@ -146,14 +159,20 @@ impl Spill {
         let Some(w) = self.writer.as_mut() else {
             return Err(io::Error::other("spill already read"));
         };
-        self.pending.sort_unstable_by_key(|e| e.start);
-        for e in &self.pending {
-            w.write_all(&e.encode())?;
+        self.pending.sort_unstable_by_key(|e| e.0.start);
+        let first_byte = self.written_bytes;
+        for &(e, at, len) in &self.pending {
+            w.write_all(&e.encode(len))?;
+            for v in &self.curves[at as usize..(at + len) as usize] {
+                w.write_all(&v.to_le_bytes())?;
+            }
+            self.written_bytes += ENTRY_BYTES as u64 + 4 * u64::from(len);
         }
         let n = self.pending.len() as u64;
-        self.runs.push((self.written, n));
+        self.runs.push((first_byte, n));
         self.written += n;
         self.pending.clear();
+        self.curves.clear();
         Ok(())
     }
 
@@ -187,6 +206,8 @@ impl Drop for Spill {
 struct RunReader {
     reader: BufReader<File>,
     left: u64,
+    /// The curve of the entry last read.
+    curve: Vec<u32>,
 }
 
 impl RunReader {
@@ -197,24 +218,33 @@ impl RunReader {
         let mut b = [0u8; ENTRY_BYTES];
         self.reader.read_exact(&mut b)?;
         self.left -= 1;
-        Ok(Some(SpillEntry::decode(&b)))
+        let (e, len) = SpillEntry::decode(&b);
+        self.curve.clear();
+        let mut v = [0u8; 4];
+        for _ in 0..len {
+            self.reader.read_exact(&mut v)?;
+            self.curve.push(u32::from_le_bytes(v));
+        }
+        Ok(Some(e))
     }
 }
 
-/// Calls `visit` for every entry of every spill in arrival order (ties in any order).
+/// Calls `visit` for every entry of every spill, with its token curve (empty: none), in arrival
+/// order (ties in any order).
 pub fn for_each_by_start(
     spills: &mut [Spill],
-    mut visit: impl FnMut(&SpillEntry),
+    mut visit: impl FnMut(&SpillEntry, &[u32]),
 ) -> io::Result<()> {
     let mut readers = Vec::new();
     for s in spills.iter_mut() {
         s.finish_writing()?;
         for &(first, n) in &s.runs {
             let mut f = File::open(&s.path)?;
-            f.seek(SeekFrom::Start(first * ENTRY_BYTES as u64))?;
+            f.seek(SeekFrom::Start(first))?;
             readers.push(RunReader {
                 reader: BufReader::with_capacity(1 << 15, f),
                 left: n,
+                curve: Vec::new(),
             });
         }
     }
@@ -229,7 +259,7 @@ pub fn for_each_by_start(
     }
     while let Some(Reverse((_, i))) = heap.pop() {
         if let Some(e) = heads[i].take() {
-            visit(&e);
+            visit(&e, &readers[i].curve);
         }
         heads[i] = readers[i].next()?;
         if let Some(e) = &heads[i] {
@@ -262,18 +292,36 @@ mod tests {
                 completion_tokens: 12.0,
                 slo: 3,
             };
-            a.push(e).unwrap();
-            b.push(SpillEntry {
-                start: start + 1,
-                ..e
-            })
+            // Every third entry of `a` has a curve of its own (a function of its arrival).
+            let curve: Vec<u32> = if i % 3 == 0 {
+                vec![start as u32, 1, 2, start as u32 % 7]
+            } else {
+                Vec::new()
+            };
+            a.push(e, &curve).unwrap();
+            b.push(
+                SpillEntry {
+                    start: start + 1,
+                    ..e
+                },
+                &[],
+            )
             .unwrap();
         }
         assert_eq!(a.runs.len(), 2);
         let mut spills = [a, b];
         let mut got = Vec::new();
-        for_each_by_start(&mut spills, |e| got.push(e.start)).unwrap();
+        let mut curves = 0;
+        for_each_by_start(&mut spills, |e, c| {
+            got.push(e.start);
+            if !c.is_empty() {
+                curves += 1;
+                assert_eq!(c, [e.start as u32, 1, 2, e.start as u32 % 7]);
+            }
+        })
+        .unwrap();
         assert_eq!(got, (0..2 * n).collect::<Vec<_>>());
+        assert_eq!(curves, n.div_ceil(3));
         drop(spills);
         assert!(paths.iter().all(|p| !p.exists()));
     }

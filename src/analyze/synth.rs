@@ -70,6 +70,7 @@ pub fn record(
         server_queue_ms: None,
         server_ttft_ms: None,
         server_mean_itl_ms: None,
+        token_curve: None,
         itl: None,
         trace: None,
     }

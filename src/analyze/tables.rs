@@ -168,6 +168,21 @@ pub fn production_rows(rows: &[crate::meter::levels::ProductionRow]) -> Vec<Vec<
         .collect()
 }
 
+/// Which tokens the production curve placed as live and which it spread.
+fn placement(p: &super::report::TokenPlacement) -> String {
+    let mut s = format!(
+        "{} requests' tokens placed by their token_curve, as live",
+        p.token_curve
+    );
+    if p.spread > 0 {
+        s += &format!(
+            "; {} without token_curve spread over [TTFT, end], which reads low where arrivals are frequent",
+            p.spread
+        );
+    }
+    s
+}
+
 /// Headers of the production-traffic table.
 pub const PRODUCTION_HEADERS: [&str; 9] = [
     "Concurrency",
@@ -271,7 +286,10 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
         grid(&CAPACITY_HEADERS, &capacity_rows(&r.capacity)),
     ));
     out.push((
-        "Capacity (production traffic: all clean time at each level, guard after each arrival until its first token)".into(),
+        format!(
+            "Capacity (production traffic: all clean time at each level, guard after each arrival until its first token; {})",
+            placement(&r.capacity_production_tokens)
+        ),
         grid(&PRODUCTION_HEADERS, &production_rows(&r.capacity_production)),
     ));
     for u in &r.upstreams {

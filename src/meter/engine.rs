@@ -345,7 +345,11 @@ impl Meter {
             s.finish(now, record, attributed, started, floor);
         }
         if let Some(o) = &open {
-            self.levels.depart(now, o.guard);
+            // The remainder is credited before the departure: when its interval is empty (a
+            // non-streamed answer shorter than the guard's cap) it lands at the end instant, in
+            // the request's own last segment, not in the one its departure opens (a level lower,
+            // and clean).
+            self.levels.advance(now);
             if let Some(total) = record.completion_tokens {
                 let (from, to) = generation_interval(record, now);
                 // Without a token event (non-streamed) the tokens were made after the newcomer's
@@ -357,6 +361,7 @@ impl Meter {
                 self.levels
                     .tokens(from.min(to), to, total as f64 - o.attributed);
             }
+            self.levels.depart(now, o.guard);
         }
         let level = match &open {
             Some(o) => mean_level(

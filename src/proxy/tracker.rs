@@ -19,6 +19,7 @@ use crate::record::{
     DerivedRates, Outcome, RequestRecord, TokensSource, UserSource, RECORD_SCHEMA,
 };
 use crate::slo::SloConfig;
+use crate::token_curve::TokenCurveBuilder;
 
 /// What is shared by all requests of one proxy.
 pub struct TrackerShared {
@@ -144,6 +145,8 @@ pub struct Tracker {
     waiting: bool,
     /// Tokens passed and not reported yet.
     run: TokenRun,
+    /// The reported tokens over time, for the log (`token_curve`).
+    curve: TokenCurveBuilder,
     usage_prompt: Option<u64>,
     usage_completion: Option<u64>,
     usage_cached: Option<u64>,
@@ -207,6 +210,7 @@ impl Tracker {
             itl: None,
             waiting: false,
             run: TokenRun::default(),
+            curve: TokenCurveBuilder::new(t0_ns),
             usage_prompt: None,
             usage_completion: None,
             usage_cached: None,
@@ -406,6 +410,7 @@ impl Tracker {
             if delta > 0 {
                 self.attributed += delta;
                 let now_ns = now_ns.unwrap_or_else(|| Clock::global().at(now));
+                self.curve.push(now_ns, delta);
                 let changes = &self.shared.level_changes;
                 if std::mem::take(&mut self.waiting) {
                     // The first token closes the request's guard: reported at once.
@@ -598,6 +603,7 @@ impl Tracker {
             server_queue_ms: self.server.and_then(|s| s.queue_time_ms),
             server_ttft_ms: self.server.and_then(|s| s.time_to_first_token_ms),
             server_mean_itl_ms: self.server.and_then(|s| s.mean_itl_ms),
+            token_curve: self.curve.take(),
             itl,
             trace: self.meta.trace,
         }

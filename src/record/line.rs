@@ -83,6 +83,7 @@ pub(super) fn write<W: Write>(out: &mut W, r: &RequestRecord) -> io::Result<()> 
         server_queue_ms,
         server_ttft_ms,
         server_mean_itl_ms,
+        token_curve,
     )
 }
 
@@ -92,7 +93,7 @@ mod tests {
     use crate::record::{Outcome, RequestRecord, TokensSource, UserSource};
 
     /// A streamed chat request's line as the proxy wrote it.
-    const LINE: &str = r#"{"type":"request","schema":1,"ts":"2026-12-02T13:35:21.686939Z","ts_ns":1796218521686939762,"request_id":"tm-6b101e99-00000002","client_request_id":null,"upstream":"127.0.0.1:18101","user":"key-bf287c5d","user_source":"key_hash","model":"sim-model","method":"POST","path":"/v1/chat/completions","user_agent":"curl/7.88.1","client_ip":null,"status":200,"stream":true,"outcome":"ok","api":"chat","prompt_tokens":8,"completion_tokens":64,"cached_prompt_tokens":null,"reasoning_tokens":null,"tokens_source":"usage","n":null,"first_byte_ms":38.840972,"ttft_ms":47.856691,"ttft_source":"stream","ttft_fallback":null,"bench_ttft_ms":38.840972,"e2e_ms":100.611412,"tpot_ms":0.8373765238095239,"itl_max_ms":1.222245,"itl_mean_ms":0.7699558888888889,"itl_p50_ms":1.1387886347566916,"itl_p99_ms":1.222245,"tok_s":636.1107425865368,"decode_tok_s":1194.2059176087766,"slo_ok":null,"slo_miss":null,"in_flight_at_start":1,"cold_start":true,"finish_reason":"length","bytes_in":95,"bytes_out":14587,"error":null,"server_queue_ms":null,"server_ttft_ms":null,"server_mean_itl_ms":null}"#;
+    const LINE: &str = r#"{"type":"request","schema":1,"ts":"2026-12-02T13:35:21.686939Z","ts_ns":1796218521686939762,"request_id":"tm-6b101e99-00000002","client_request_id":null,"upstream":"127.0.0.1:18101","user":"key-bf287c5d","user_source":"key_hash","model":"sim-model","method":"POST","path":"/v1/chat/completions","user_agent":"curl/7.88.1","client_ip":null,"status":200,"stream":true,"outcome":"ok","api":"chat","prompt_tokens":8,"completion_tokens":64,"cached_prompt_tokens":null,"reasoning_tokens":null,"tokens_source":"usage","n":null,"first_byte_ms":38.840972,"ttft_ms":47.856691,"ttft_source":"stream","ttft_fallback":null,"bench_ttft_ms":38.840972,"e2e_ms":100.611412,"tpot_ms":0.8373765238095239,"itl_max_ms":1.222245,"itl_mean_ms":0.7699558888888889,"itl_p50_ms":1.1387886347566916,"itl_p99_ms":1.222245,"tok_s":636.1107425865368,"decode_tok_s":1194.2059176087766,"slo_ok":null,"slo_miss":null,"in_flight_at_start":1,"cold_start":true,"finish_reason":"length","bytes_in":95,"bytes_out":14587,"error":null,"server_queue_ms":null,"server_ttft_ms":null,"server_mean_itl_ms":null,"token_curve":[48,1,53,63]}"#;
 
     fn record() -> RequestRecord {
         serde_json::from_str(LINE).unwrap()
@@ -162,6 +163,7 @@ mod tests {
         r.e2e_ms = None;
         r.finish_reason = None;
         r.error = None;
+        r.token_curve = None;
         same_as_serde(&r);
     }
 }

@@ -100,13 +100,15 @@ fn replay(evs: &[Ev]) -> BTreeMap<u32, tokenmeter::meter::levels::LevelSums> {
             }
             Ev::Fin(id, t, total) => {
                 let Some(o) = open.remove(&id) else { continue };
-                a.depart(t, o.key);
+                // As the meter: the remainder before the departure.
+                a.advance(t);
                 if let (Some(total), Some(f)) = (total, o.first) {
                     let rest = total as f64 - o.seen as f64;
                     if rest != 0.0 {
                         a.tokens(f.min(t), t, rest);
                     }
                 }
+                a.depart(t, o.key);
             }
         }
         let floor = open

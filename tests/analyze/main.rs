@@ -23,3 +23,4 @@ mod cap_diag;
 mod capacity_acceptance;
 mod clickhouse;
 mod fleet_analyze;
+mod offline_equals_live;

@@ -124,8 +124,17 @@ async fn responses_and_messages_pass_byte_for_byte_and_are_measured_from_their_u
             let ttft = l["ttft_ms"].as_f64().unwrap();
             assert!(ttft > 0.0 && ttft < l["e2e_ms"].as_f64().unwrap(), "{name}");
             assert!(l["first_byte_ms"].as_f64().unwrap() < ttft, "{name}");
+            // The token curve holds the tokens the meter was told of as they passed, from the
+            // first token event on (whole ms since arrival); the final usage settles the rest
+            // (Responses streams count output pieces, not tokens).
+            let curve: Vec<u32> = serde_json::from_value(l["token_curve"].clone()).unwrap();
+            assert!(tokenmeter::token_curve::valid(&curve), "{name}: {curve:?}");
+            let held = tokenmeter::token_curve::total(&curve);
+            assert!(held > 0 && held <= output, "{name}: {curve:?}");
+            assert!(f64::from(curve[0]) <= ttft + 0.5, "{name}: {curve:?}");
         } else {
             assert!(l["ttft_ms"].is_null(), "{name}");
+            assert!(l["token_curve"].is_null(), "{name}");
         }
         if api == "responses" {
             assert_eq!(l["cached_prompt_tokens"], 0, "{name}");

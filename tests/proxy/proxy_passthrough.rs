@@ -332,4 +332,11 @@ async fn timings_are_exact_on_a_manual_clock() {
     assert!((tpot - 65.0 / 3.0).abs() < 1e-3, "{l}");
     assert_eq!(l["itl_max_ms"].as_f64(), Some(30.0), "{l}");
     assert_eq!(l["itl_mean_ms"].as_f64(), Some(20.0), "{l}");
+    // The token curve: the gaps change at every event (10, 30, 20 ms), so no straight line
+    // passes within 0.1 token of two of them and every event is a point: the first at 40 ms
+    // since arrival, then 10, 30 and 20 ms after the previous one, a token each.
+    assert_eq!(
+        l["token_curve"],
+        serde_json::json!([40, 1, 10, 1, 30, 1, 20, 1])
+    );
 }
