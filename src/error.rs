@@ -22,6 +22,8 @@ pub mod kind {
     pub const REQUEST_TIMEOUT: &str = "RequestTimeoutError";
     /// 413.
     pub const REQUEST_TOO_LARGE: &str = "RequestTooLargeError";
+    /// 431.
+    pub const HEADER_TOO_LARGE: &str = "RequestHeaderFieldsTooLargeError";
     /// 502.
     pub const BAD_GATEWAY: &str = "BadGatewayError";
     /// 503.
@@ -105,6 +107,18 @@ impl ProxyError {
             Fault::Client,
             kind::REQUEST_TOO_LARGE,
             format!("The request body exceeds the limit of {limit} bytes."),
+        )
+    }
+
+    /// 431: the request head is larger than the configured limit, or has more than 100 headers.
+    pub fn header_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Fault::Client,
+            kind::HEADER_TOO_LARGE,
+            format!(
+                "The request head exceeds the limit of {limit} bytes (max_header_bytes) or of 100 headers."
+            ),
         )
     }
 

@@ -41,7 +41,9 @@ fn reload_from(handle: &ProxyHandle, args: &ServeArgs) {
     let new = match crate::config::load(args, std::env::vars()) {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!("reload rejected, the running configuration stays: {e:#}");
+            // Every problem on the one log line (the startup error lists them one per line).
+            let why = format!("{e:#}").replace("\n  ", " | ");
+            tracing::error!("reload rejected, the running configuration stays: {why}");
             return;
         }
     };

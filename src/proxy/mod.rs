@@ -14,6 +14,7 @@ pub mod identity;
 mod in_flight;
 mod live_users;
 mod pool;
+pub mod refusal;
 pub mod request;
 mod request_id;
 mod serving;

@@ -15,6 +15,7 @@ use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinSet;
 
 use super::pool::UpstreamPool;
+use super::refusal::Refusals;
 use super::{forward, sniff, Background, ProxyState};
 use crate::config::ServeConfig;
 use crate::tls::UpstreamConnector;
@@ -160,9 +161,12 @@ pub(super) fn serve_on_own_thread(
                                 forward::handle(st.clone(), req, remote, v.clone())
                             });
                             let max_head = state.config.max_header_bytes;
+                            // hyper's bare answer to a head it refuses is replaced by the proxy's.
+                            let refusals: Arc<dyn Refusals> = state.clone();
                             match &state.tls {
                                 None => {
-                                    let io = sniff::Sniffed::new(stream, max_head, verdict);
+                                    let io = sniff::Sniffed::new(stream, max_head, verdict)
+                                        .with_refusals((refusals.clone(), remote));
                                     let conn = builder.serve_connection(TokioIo::new(io), svc);
                                     let fut = graceful.watch(conn);
                                     tasks.spawn(async move {
@@ -182,7 +186,8 @@ pub(super) fn serve_on_own_thread(
                                         let hs =
                                             tokio::time::timeout(limit, acceptor.accept(stream));
                                         let Ok(Ok(tls)) = hs.await else { return };
-                                        let io = sniff::Sniffed::new(tls, max_head, verdict);
+                                        let io = sniff::Sniffed::new(tls, max_head, verdict)
+                                            .with_refusals((refusals, remote));
                                         let conn = builder.serve_connection(TokioIo::new(io), svc);
                                         let _ = watcher.watch(conn).await;
                                     });

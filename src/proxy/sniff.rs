@@ -16,8 +16,11 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Headers parsed per head; more than hyper's own limit (100), which rejects such heads itself.
-const MAX_HEADERS: usize = 128;
+use super::refusal::{is_automatic_answer, Hook, Refused};
+
+/// Headers parsed per head: hyper's own limit, so the sniffer's parse fails (too many headers)
+/// exactly where hyper's does and it can foretell hyper's 431.
+const MAX_HEADERS: usize = 100;
 
 /// What the sniffer found on one connection, for its request handler.
 #[derive(Debug)]
@@ -77,7 +80,8 @@ enum Chunk {
     TrailerLine(bool),
 }
 
-/// A connection's read side with the head sniffer in it; writes pass straight through.
+/// A connection's read side with the head sniffer in it; writes pass straight through, except
+/// hyper's bare answer to a head it refuses, which the refusal hook replaces (`refusal.rs`).
 pub struct Sniffed<S> {
     inner: S,
     state: State,
@@ -86,6 +90,13 @@ pub struct Sniffed<S> {
     max_head: usize,
     heads: u64,
     verdict: Arc<Verdict>,
+    /// A head hyper will refuse, foretold; taken when hyper writes its answer.
+    refused: Option<Refused>,
+    /// What answers a refused head instead of hyper; `None` leaves hyper's answer alone.
+    hook: Option<Hook>,
+    /// The replacement being written: its bytes, how many went out, and the length of hyper's
+    /// answer it stands for (what the write reports as written).
+    replacing: Option<(Vec<u8>, usize, usize)>,
 }
 
 impl<S> Sniffed<S> {
@@ -98,7 +109,26 @@ impl<S> Sniffed<S> {
             max_head,
             heads: 0,
             verdict,
+            refused: None,
+            hook: None,
+            replacing: None,
         }
+    }
+
+    /// Answers the heads hyper refuses through `hook` (the proxy's JSON error and a record)
+    /// instead of hyper's empty answer.
+    pub fn with_refusals(mut self, hook: Hook) -> Sniffed<S> {
+        self.hook = Some(hook);
+        self
+    }
+
+    /// The head at hand will be refused by hyper with `status`: remember it and stop looking.
+    fn refuse(&mut self, status: u16, head: &[u8]) {
+        if self.hook.is_some() && self.refused.is_none() {
+            self.refused = Some(Refused::of(status, head));
+        }
+        self.pending = Vec::new();
+        self.state = State::Blind;
     }
 
     /// Follows the framing through `data`, the bytes just read (what every read does; public
@@ -154,9 +184,14 @@ impl<S> Sniffed<S> {
         if self.state != State::Head {
             return;
         }
-        if self.pending.len() + bytes.len() > self.max_head {
-            self.pending = Vec::new();
-            self.state = State::Blind;
+        // hyper refuses an incomplete head once it holds `max_head` bytes of it (431).
+        if self.pending.len() + bytes.len() >= self.max_head {
+            let head = if self.pending.is_empty() {
+                bytes.to_vec()
+            } else {
+                std::mem::take(&mut self.pending)
+            };
+            self.refuse(431, &head);
         } else if self.pending.is_empty() {
             self.pending = bytes.to_vec();
         } else {
@@ -170,10 +205,20 @@ impl<S> Sniffed<S> {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut headers);
         let len = match req.parse(bytes) {
+            // hyper refuses a whole head longer than `max_head` (431).
+            Ok(httparse::Status::Complete(n)) if n > self.max_head => {
+                self.refuse(431, bytes);
+                return None;
+            }
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) => return None,
+            // As hyper answers the same parse errors: 431 for too many headers, 400 otherwise.
+            Err(httparse::Error::TooManyHeaders) => {
+                self.refuse(431, bytes);
+                return None;
+            }
             Err(_) => {
-                self.state = State::Blind;
+                self.refuse(400, bytes);
                 return None;
             }
         };
@@ -318,7 +363,38 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Sniffed<S> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, data)
+        let me = self.get_mut();
+        if me.replacing.is_none() {
+            let refused = me
+                .refused
+                .as_ref()
+                .is_some_and(|r| is_automatic_answer(data, r.status));
+            match (refused, &me.hook, me.refused.take()) {
+                (true, Some((answers, remote)), Some(r)) => {
+                    me.replacing = Some((answers.answer(*remote, &r), 0, data.len()));
+                }
+                (_, _, r) => {
+                    me.refused = r;
+                    return Pin::new(&mut me.inner).poll_write(cx, data);
+                }
+            }
+        }
+        // Write the whole replacement before telling hyper its answer went out (it closes the
+        // connection right after).
+        let Some((bytes, sent, stands_for)) = &mut me.replacing else {
+            return Pin::new(&mut me.inner).poll_write(cx, data);
+        };
+        while *sent < bytes.len() {
+            match Pin::new(&mut me.inner).poll_write(cx, &bytes[*sent..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+                }
+                Poll::Ready(Ok(n)) => *sent += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(*stands_for))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

@@ -192,15 +192,46 @@ async fn oversized_body_is_413_and_oversized_head_is_431_without_reaching_upstre
     );
     let got = raw_request(proxy.addr, huge_header.as_bytes()).await;
     assert_eq!(got.status, 431);
+    // hyper refuses the head before a request exists; the proxy's answer stands in for its
+    // empty one: a JSON body, the request id, and a record.
+    let v = got.json();
+    assert_eq!(v["error"]["code"], 431, "{v}");
+    assert_eq!(v["error"]["type"], "RequestHeaderFieldsTooLargeError");
+    assert!(got.header("x-request-id").is_some(), "{}", got.head);
+    // More headers than hyper's 100 is the same refusal.
+    let mut many = String::from("POST /u/ann/v1/chat/completions HTTP/1.1\r\nhost: x\r\n");
+    for i in 0..120 {
+        many.push_str(&format!("x-h{i}: v\r\n"));
+    }
+    many.push_str("content-length: 2\r\n\r\n{}");
+    let got = raw_request(proxy.addr, many.as_bytes()).await;
+    assert_eq!(got.status, 431);
+    assert_eq!(got.json()["error"]["code"], 431);
     let lines = proxy.finish().await;
     assert_eq!(
         lines.len(),
-        2,
-        "the 431 is answered by the HTTP layer before a request exists"
+        4,
+        "every request has its record, the refused heads too"
     );
-    assert!(lines
-        .iter()
-        .all(|l| l["outcome"] == "client_error" && l["status"] == 413));
+    for l in &lines {
+        assert_schema("record.schema.json", l);
+        assert_eq!(l["outcome"], "client_error", "{l}");
+    }
+    assert_eq!(
+        (&lines[0]["status"], &lines[1]["status"]),
+        (&413.into(), &413.into())
+    );
+    let head = &lines[2];
+    assert_eq!(
+        (&head["status"], &head["path"], &head["method"]),
+        (&431.into(), &"/v1/models".into(), &"GET".into())
+    );
+    let many = &lines[3];
+    assert_eq!(
+        (&many["status"], &many["user"], &many["user_source"]),
+        (&431.into(), &"ann".into(), &"path".into())
+    );
+    assert_eq!(many["api"], "chat");
     assert!(up.seen.try_recv().is_err(), "nothing reached the upstream");
 }
 
