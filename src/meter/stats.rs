@@ -106,10 +106,14 @@ impl Meter {
 }
 
 impl Meter {
-    /// Prometheus exposition of the meter's counters at `now` (without the access-log counter,
-    /// build and process metrics, which [`super::prometheus::render_self`] appends).
+    /// Prometheus exposition of the meter's counters, histograms and gauges at `now` (without
+    /// the access-log counter, build and process metrics, which
+    /// [`super::self_metrics::render_self`] appends).
     pub fn prometheus(&mut self, now: UnixNanos) -> String {
         self.tick(now);
-        self.prom.render(self.in_flight())
+        let mut out = String::with_capacity(4096);
+        self.prom.render(&mut out);
+        super::gauges::render(&mut out, self, now);
+        out
     }
 }
