@@ -193,3 +193,47 @@ async fn exposed_names_types_and_labels_are_pinned() {
     let text = get_text(sim.addr(), "/metrics").await;
     assert_eq!(catalog(&text), lines(SIM), "{text}");
 }
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn each_exposed_name_is_declared_once_in_the_source() {
+    let mut files = Vec::new();
+    sources(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
+    let texts: Vec<(String, String)> = files
+        .iter()
+        .map(|p| (p.display().to_string(), std::fs::read_to_string(p).unwrap()))
+        .collect();
+    let families: BTreeSet<&str> = PROXY
+        .lines()
+        .chain(SIM.lines())
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|n| {
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .unwrap_or(n)
+        })
+        .collect();
+    for name in families {
+        let literal = format!("\"{name}\"");
+        let at: Vec<&str> = texts
+            .iter()
+            .flat_map(|(path, text)| text.matches(&literal).map(move |_| path.as_str()))
+            .collect();
+        assert_eq!(at.len(), 1, "{name} is spelled as a literal in {at:?}");
+    }
+}
