@@ -96,6 +96,53 @@ fn scan(c: &mut Criterion) {
                 });
             },
         );
+        // What the proxy runs per event since the dialects have stream readers: one reader per
+        // response (made here, once per stream), keeping the skimmer's memo between events.
+        g.bench_with_input(
+            BenchmarkId::new("stream_reader_events", name),
+            &frames,
+            |b, frames| {
+                let dialect = Api::Chat.dialect();
+                b.iter(|| {
+                    let mut s = SseScanner::default();
+                    let mut reader = dialect.stream_reader();
+                    let mut tokens = 0u64;
+                    for f in frames {
+                        s.feed(f, |e| {
+                            if let Some(sum) = reader.next_event(e.data) {
+                                tokens += sum.output as u64;
+                            }
+                        });
+                    }
+                    tokens
+                });
+            },
+        );
+        // The skimmer with its memo called directly (no reader, no dynamic call): the floor
+        // `stream_reader_events` is held to.
+        g.bench_with_input(
+            BenchmarkId::new("memo_events", name),
+            &frames,
+            |b, frames| {
+                b.iter(|| {
+                    let mut s = SseScanner::default();
+                    let mut memo = tokenmeter::openai::EventMemo::default();
+                    let mut tokens = 0u64;
+                    for f in frames {
+                        s.feed(f, |e| {
+                            if e.data != b"[DONE]" {
+                                if let Some(sum) =
+                                    tokenmeter::openai::summarize_in_stream(e.data, &mut memo)
+                                {
+                                    tokens += sum.content_choices as u64;
+                                }
+                            }
+                        });
+                    }
+                    tokens
+                });
+            },
+        );
         g.bench_with_input(BenchmarkId::new("events", name), &frames, |b, frames| {
             b.iter(|| {
                 let mut s = SseScanner::default();

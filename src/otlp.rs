@@ -11,7 +11,7 @@
 pub mod traces;
 pub mod transport;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,6 +22,7 @@ use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig, WithHttpCon
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 
 use crate::clock::UnixNanos;
+use crate::exposition::{Metric, Style, Text, Unit};
 use crate::observe::Observer;
 use crate::otlp::traces::{SpanMaker, SpanQueue};
 pub use crate::otlp::transport::OtlpCounters;
@@ -31,23 +32,91 @@ use crate::record::RequestRecord;
 /// Records queued for the recording thread before new ones are dropped (and counted).
 pub const QUEUE: usize = 65_536;
 
-/// Bucket boundaries the conventions recommend for `gen_ai.client.token.usage`.
-const TOKEN_BUCKETS: [f64; 14] = [
-    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
-    16777216.0, 67108864.0,
+/// The attributes every GenAI instrument carries (`error.type` only on the duration of a failed
+/// request, `gen_ai.token.type` only on token usage).
+const GENAI_ATTRIBUTES: &[&str] = &[
+    "gen_ai.operation.name",
+    "gen_ai.provider.name",
+    "gen_ai.request.model",
+    "tokenmeter.upstream",
 ];
-/// ... for `gen_ai.client.operation.duration`, seconds.
-const DURATION_BUCKETS: [f64; 14] = [
-    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
-];
-/// ... for `gen_ai.server.time_to_first_token`, seconds.
-const TTFT_BUCKETS: [f64; 16] = [
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-];
-/// ... for `gen_ai.server.time_per_output_token`, seconds.
-const TPOT_BUCKETS: [f64; 13] = [
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-];
+
+/// `gen_ai.client.token.usage`, on the bounds the conventions recommend.
+pub const TOKEN_USAGE: Metric = Metric::histogram(
+    "gen_ai.client.token.usage",
+    "Number of input and output tokens used.",
+    Unit::Count("{token}"),
+    &[
+        "gen_ai.operation.name",
+        "gen_ai.provider.name",
+        "gen_ai.request.model",
+        "tokenmeter.upstream",
+        "gen_ai.token.type",
+    ],
+    &[
+        1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
+        4194304.0, 16777216.0, 67108864.0,
+    ],
+);
+
+/// `gen_ai.client.operation.duration`, seconds.
+pub const OPERATION_DURATION: Metric = Metric::histogram(
+    "gen_ai.client.operation.duration",
+    "GenAI operation duration (arrival to the last byte).",
+    Unit::Seconds,
+    &[
+        "gen_ai.operation.name",
+        "gen_ai.provider.name",
+        "gen_ai.request.model",
+        "tokenmeter.upstream",
+        "error.type",
+    ],
+    &[
+        0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+    ],
+);
+
+/// `gen_ai.server.time_to_first_token`, seconds, of successful requests.
+pub const TIME_TO_FIRST_TOKEN: Metric = Metric::histogram(
+    "gen_ai.server.time_to_first_token",
+    "Time to generate first token for successful responses.",
+    Unit::Seconds,
+    GENAI_ATTRIBUTES,
+    &[
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    ],
+);
+
+/// `gen_ai.server.time_per_output_token`, seconds, of successful requests.
+pub const TIME_PER_OUTPUT_TOKEN: Metric = Metric::histogram(
+    "gen_ai.server.time_per_output_token",
+    "Time per output token generated after the first token for successful responses.",
+    Unit::Seconds,
+    GENAI_ATTRIBUTES,
+    &[
+        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+    ],
+);
+
+/// An instrument's description, unit and bounds, from its declaration.
+fn u64_histogram(meter: &opentelemetry::metrics::Meter, m: &Metric) -> Histogram<u64> {
+    meter
+        .u64_histogram(m.name)
+        .with_unit(m.unit.ucum())
+        .with_description(m.help)
+        .with_boundaries(m.buckets.to_vec())
+        .build()
+}
+
+/// [`u64_histogram`] for `f64` values.
+fn f64_histogram(meter: &opentelemetry::metrics::Meter, m: &Metric) -> Histogram<f64> {
+    meter
+        .f64_histogram(m.name)
+        .with_unit(m.unit.ucum())
+        .with_description(m.help)
+        .with_boundaries(m.buckets.to_vec())
+        .build()
+}
 
 /// The GenAI operation name of a generation request (its API's; records reach the exporter only
 /// for generation requests, which always have one).
@@ -67,32 +136,10 @@ impl Instruments {
     fn new(provider: &SdkMeterProvider) -> Self {
         let meter = provider.meter("tokenmeter");
         Instruments {
-            token_usage: meter
-                .u64_histogram("gen_ai.client.token.usage")
-                .with_unit("{token}")
-                .with_description("Number of input and output tokens used.")
-                .with_boundaries(TOKEN_BUCKETS.to_vec())
-                .build(),
-            duration: meter
-                .f64_histogram("gen_ai.client.operation.duration")
-                .with_unit("s")
-                .with_description("GenAI operation duration (arrival to the last byte).")
-                .with_boundaries(DURATION_BUCKETS.to_vec())
-                .build(),
-            ttft: meter
-                .f64_histogram("gen_ai.server.time_to_first_token")
-                .with_unit("s")
-                .with_description("Time to generate first token for successful responses.")
-                .with_boundaries(TTFT_BUCKETS.to_vec())
-                .build(),
-            tpot: meter
-                .f64_histogram("gen_ai.server.time_per_output_token")
-                .with_unit("s")
-                .with_description(
-                    "Time per output token generated after the first token for successful responses.",
-                )
-                .with_boundaries(TPOT_BUCKETS.to_vec())
-                .build(),
+            token_usage: u64_histogram(&meter, &TOKEN_USAGE),
+            duration: f64_histogram(&meter, &OPERATION_DURATION),
+            ttft: f64_histogram(&meter, &TIME_TO_FIRST_TOKEN),
+            tpot: f64_histogram(&meter, &TIME_PER_OUTPUT_TOKEN),
         }
     }
 
@@ -259,50 +306,81 @@ impl Observer for OtlpExport {
     }
 }
 
-/// Appends the export counters to a Prometheus exposition.
-pub fn render_prometheus(out: &mut String, c: &OtlpCounters) {
-    use std::fmt::Write;
-    for (name, help, v) in [
-        (
+/// Which of [`OtlpCounters`] a series reads.
+pub type ReadCounter = fn(&OtlpCounters) -> &AtomicU64;
+
+/// The exporters' own counters, each declared once beside the counter it reads, in the order
+/// they are written.
+pub const COUNTERS: [(Metric, ReadCounter); 7] = [
+    (
+        Metric::counter(
             "tokenmeter_otlp_dropped_total",
             "Records not exported because the OTLP queue was full.",
-            &c.dropped,
+            Unit::Count("{record}"),
+            &[],
         ),
-        (
+        |c| &c.dropped,
+    ),
+    (
+        Metric::counter(
             "tokenmeter_otlp_exports_total",
             "OTLP metrics export requests the collector accepted.",
-            &c.exports_ok,
+            Unit::Count("{request}"),
+            &[],
         ),
-        (
+        |c| &c.exports_ok,
+    ),
+    (
+        Metric::counter(
             "tokenmeter_otlp_export_failures_total",
             "OTLP metrics export requests that failed (connection, timeout, non-2xx).",
-            &c.export_failures,
+            Unit::Count("{request}"),
+            &[],
         ),
-        (
+        |c| &c.export_failures,
+    ),
+    (
+        Metric::counter(
             "tokenmeter_otlp_spans_exported_total",
             "Spans in OTLP trace export requests the collector accepted.",
-            &c.spans_exported,
+            Unit::Count("{span}"),
+            &[],
         ),
-        (
+        |c| &c.spans_exported,
+    ),
+    (
+        Metric::counter(
             "tokenmeter_otlp_spans_dropped_total",
             "Spans lost: the span queue was full or their export request failed.",
-            &c.spans_dropped,
+            Unit::Count("{span}"),
+            &[],
         ),
-        (
+        |c| &c.spans_dropped,
+    ),
+    (
+        Metric::counter(
             "tokenmeter_otlp_span_exports_total",
             "OTLP trace export requests the collector accepted.",
-            &c.span_exports_ok,
+            Unit::Count("{request}"),
+            &[],
         ),
-        (
+        |c| &c.span_exports_ok,
+    ),
+    (
+        Metric::counter(
             "tokenmeter_otlp_span_export_failures_total",
             "OTLP trace export requests that failed (connection, timeout, non-2xx).",
-            &c.span_export_failures,
+            Unit::Count("{request}"),
+            &[],
         ),
-    ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-            v.load(Ordering::Relaxed)
-        );
+        |c| &c.span_export_failures,
+    ),
+];
+
+/// Appends the export counters to a Prometheus exposition.
+pub fn render_prometheus(out: &mut String, c: &OtlpCounters) {
+    let mut w = Text::new(out, Style::Native);
+    for (m, read) in &COUNTERS {
+        w.single(m, read(c).load(Ordering::Relaxed));
     }
 }

@@ -1,8 +1,12 @@
 //! OpenAI chat completions (`/v1/chat/completions`): `data: {json}` events ending with
 //! `data: [DONE]`, read by the skimmer in [`crate::openai`] (the fast path for vLLM's events).
 
-use super::{Api, Dialect, EventMemo, EventSummary, StreamUsage};
+use super::{
+    Api, ApiSpec, ClientShape, Dialect, EventSummary, KeyHeader, PromptField, StreamReader,
+    StreamUsage,
+};
 use crate::fold::{AsStream, Unfoldable};
+use crate::openai::EventMemo;
 
 /// An OpenAI-style API. Chat completions and text completions read the same events and bodies
 /// (through [`openai_event`]); they differ only in their path, their [`Api`] and their fold.
@@ -31,6 +35,21 @@ impl OpenAiStyle {
 pub const CHAT: OpenAiStyle =
     OpenAiStyle::new(Api::Chat, "/chat/completions", crate::fold::chat::as_stream);
 
+/// Chat completions' facts.
+pub const SPEC: ApiSpec = ApiSpec {
+    api: Api::Chat,
+    name: "chat",
+    path: "/v1/chat/completions",
+    otel_operation: "chat",
+    dialect: &CHAT,
+    client: ClientShape {
+        prompt: PromptField::UserMessage,
+        max_tokens: "max_tokens",
+        user: &["user"],
+        key: KeyHeader::Bearer,
+    },
+};
+
 impl Dialect for OpenAiStyle {
     fn api(&self) -> Api {
         self.api
@@ -49,12 +68,8 @@ impl Dialect for OpenAiStyle {
         openai_event(data)
     }
 
-    #[inline]
-    fn stream_event<'a>(&self, data: &'a [u8], memo: &mut EventMemo) -> Option<EventSummary<'a>> {
-        if data == b"[DONE]" {
-            return Some(done());
-        }
-        crate::openai::summarize_in_stream(data, memo).map(from_summary)
+    fn stream_reader(&self) -> Box<dyn StreamReader> {
+        Box::new(OpenAiStream::default())
     }
 
     fn body<'a>(&self, body: &'a [u8]) -> Option<EventSummary<'a>> {
@@ -63,6 +78,23 @@ impl Dialect for OpenAiStyle {
 
     fn as_stream(&self, body: &[u8]) -> Result<Option<AsStream>, Unfoldable> {
         (self.as_stream)(body)
+    }
+}
+
+/// One OpenAI-style stream's reader: the skimmer's memo of what the stream's earlier events
+/// repeat ([`EventMemo`]), so it reads only what changes.
+#[derive(Debug, Default)]
+pub struct OpenAiStream {
+    memo: EventMemo,
+}
+
+impl StreamReader for OpenAiStream {
+    #[inline]
+    fn next_event<'a>(&mut self, data: &'a [u8]) -> Option<EventSummary<'a>> {
+        if data == b"[DONE]" {
+            return Some(done());
+        }
+        crate::openai::summarize_in_stream(data, &mut self.memo).map(from_summary)
     }
 }
 

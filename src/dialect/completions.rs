@@ -2,7 +2,7 @@
 //! delta.
 
 use super::chat::OpenAiStyle;
-use super::Api;
+use super::{Api, ApiSpec, ClientShape, KeyHeader, PromptField};
 
 /// The text completions reader.
 pub const COMPLETIONS: OpenAiStyle = OpenAiStyle::new(
@@ -10,6 +10,21 @@ pub const COMPLETIONS: OpenAiStyle = OpenAiStyle::new(
     "/v1/completions",
     crate::fold::completions::as_stream,
 );
+
+/// Text completions' facts.
+pub const SPEC: ApiSpec = ApiSpec {
+    api: Api::Completions,
+    name: "completions",
+    path: "/v1/completions",
+    otel_operation: "text_completion",
+    dialect: &COMPLETIONS,
+    client: ClientShape {
+        prompt: PromptField::Text("prompt"),
+        max_tokens: "max_tokens",
+        user: &["user"],
+        key: KeyHeader::Bearer,
+    },
+};
 
 #[cfg(test)]
 mod tests {

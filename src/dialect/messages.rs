@@ -7,10 +7,31 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{carries, Api, Dialect, EventSummary, StreamUsage, TokenUsage};
+use super::{
+    carries, Api, ApiSpec, ClientShape, Dialect, EventSummary, KeyHeader, PromptField,
+    StreamReader, StreamUsage, TokenUsage,
+};
 
 /// The Messages reader.
 pub struct Messages;
+
+/// The Messages API's facts. Anthropic clients send their key as `x-api-key` with an
+/// `anthropic-version`, and name the end user in `metadata.user_id`.
+pub const SPEC: ApiSpec = ApiSpec {
+    api: Api::Messages,
+    name: "messages",
+    path: "/v1/messages",
+    otel_operation: "chat",
+    dialect: &Messages,
+    client: ClientShape {
+        prompt: PromptField::UserMessage,
+        max_tokens: "max_tokens",
+        user: &["metadata", "user_id"],
+        key: KeyHeader::XApiKey {
+            version: "2023-06-01",
+        },
+    },
+};
 
 #[derive(Deserialize)]
 struct Event<'a> {
@@ -75,6 +96,13 @@ impl From<Usage> for TokenUsage {
     }
 }
 
+/// Its events say all they mean on their own: a stream's reader keeps nothing.
+impl StreamReader for Messages {
+    fn next_event<'a>(&mut self, data: &'a [u8]) -> Option<EventSummary<'a>> {
+        self.event(data)
+    }
+}
+
 impl Dialect for Messages {
     fn api(&self) -> Api {
         Api::Messages
@@ -86,6 +114,10 @@ impl Dialect for Messages {
 
     fn stream_usage(&self) -> StreamUsage {
         StreamUsage::Always
+    }
+
+    fn stream_reader(&self) -> Box<dyn StreamReader> {
+        Box::new(Messages)
     }
 
     fn event<'a>(&self, data: &'a [u8]) -> Option<EventSummary<'a>> {

@@ -3,15 +3,16 @@
 //! into one [`EventSummary`] whatever the API. The proxy, its tracker and the meter only ever see
 //! that summary; each API's JSON is known to its own file.
 //!
-//! Adding an API: one new file implementing [`Dialect`], one [`Api`] variant with its name, and
-//! one entry in [`DIALECTS`].
+//! Each API's file holds everything about it: its reader ([`Dialect`]) and its facts
+//! ([`ApiSpec`]: name, route, OpenTelemetry operation, how a client writes a request). Adding an
+//! API: one new file with both, one [`Api`] variant listed in [`Api::ALL`], and its arm in
+//! [`Api::spec`].
 
 use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
 use crate::fold::{AsStream, Unfoldable};
-pub use crate::openai::EventMemo;
 use crate::openai::ServerTimings;
 
 pub mod chat;
@@ -34,17 +35,22 @@ pub enum Api {
 }
 
 impl Api {
-    /// Every API, in a stable order (tables, labels).
+    /// Every API, in a stable order (tables, labels; [`detect`] tries them in it).
     pub const ALL: [Api; 4] = [Api::Chat, Api::Completions, Api::Responses, Api::Messages];
 
-    /// The name used in logs, labels and reports.
-    pub fn as_str(self) -> &'static str {
+    /// Its facts, declared in its file.
+    pub fn spec(self) -> &'static ApiSpec {
         match self {
-            Api::Chat => "chat",
-            Api::Completions => "completions",
-            Api::Responses => "responses",
-            Api::Messages => "messages",
+            Api::Chat => &chat::SPEC,
+            Api::Completions => &completions::SPEC,
+            Api::Responses => &responses::SPEC,
+            Api::Messages => &messages::SPEC,
         }
+    }
+
+    /// The name used in logs, labels, reports, `load --api` and the config.
+    pub fn as_str(self) -> &'static str {
+        self.spec().name
     }
 
     /// The API of a logged name (`as_str`'s inverse).
@@ -54,42 +60,75 @@ impl Api {
 
     /// The route its requests go to (what `load` sends and `sim` serves).
     pub fn path(self) -> &'static str {
-        match self {
-            Api::Chat => "/v1/chat/completions",
-            Api::Completions => "/v1/completions",
-            Api::Responses => "/v1/responses",
-            Api::Messages => "/v1/messages",
-        }
+        self.spec().path
     }
 
-    /// The OpenTelemetry GenAI operation name (`gen_ai.operation.name`, one of its well-known
-    /// values): the conversational APIs are `chat`, the legacy prompt-in, text-out one
-    /// `text_completion`.
+    /// The OpenTelemetry GenAI operation name (`gen_ai.operation.name`).
     pub fn otel_operation(self) -> &'static str {
-        match self {
-            Api::Chat | Api::Responses | Api::Messages => "chat",
-            Api::Completions => "text_completion",
-        }
+        self.spec().otel_operation
     }
 
     /// This API's reader.
     pub fn dialect(self) -> &'static dyn Dialect {
-        match self {
-            Api::Chat => &chat::CHAT,
-            Api::Completions => &completions::COMPLETIONS,
-            Api::Responses => &responses::Responses,
-            Api::Messages => &messages::Messages,
-        }
+        self.spec().dialect
     }
 }
 
-/// Every dialect, tried in order by [`detect`].
-pub const DIALECTS: [&dyn Dialect; 4] = [
-    &chat::CHAT,
-    &completions::COMPLETIONS,
-    &responses::Responses,
-    &messages::Messages,
-];
+/// The facts of one generation API that are not code, in one place: what the proxy, the log, the
+/// metrics, OTLP, `load` and the simulator's router read about it.
+pub struct ApiSpec {
+    /// Which API this is.
+    pub api: Api,
+    /// Its name in logs, labels, reports, `load --api` and the config.
+    pub name: &'static str,
+    /// The route its requests go to (what `load` sends and `sim` serves; the proxy matches any
+    /// prefix through [`Dialect::matches`]).
+    pub path: &'static str,
+    /// Its OpenTelemetry GenAI operation name (`gen_ai.operation.name`, one of the well-known
+    /// values): the conversational APIs are `chat`, the legacy prompt-in, text-out one
+    /// `text_completion`.
+    pub otel_operation: &'static str,
+    /// Its reader.
+    pub dialect: &'static dyn Dialect,
+    /// How a client writes its requests.
+    pub client: ClientShape,
+}
+
+/// How a client (`load`) writes a request of an API. Whether a stream asks for usage follows from
+/// [`Dialect::stream_usage`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientShape {
+    /// Where the prompt goes.
+    pub prompt: PromptField,
+    /// The member that limits the output.
+    pub max_tokens: &'static str,
+    /// The path of members that names the end user (`["user"]`; Anthropic's
+    /// `["metadata", "user_id"]`).
+    pub user: &'static [&'static str],
+    /// How the client sends its API key.
+    pub key: KeyHeader,
+}
+
+/// Where a request's prompt goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptField {
+    /// One user message in `messages`.
+    UserMessage,
+    /// A string in this member (`prompt`, `input`).
+    Text(&'static str),
+}
+
+/// How a client sends its API key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyHeader {
+    /// `Authorization: Bearer <key>`.
+    Bearer,
+    /// `x-api-key: <key>`, with the `anthropic-version` header set to `version`.
+    XApiKey {
+        /// The `anthropic-version` sent.
+        version: &'static str,
+    },
+}
 
 /// How a streamed request gets its token usage from the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,16 +194,13 @@ pub trait Dialect: Send + Sync + 'static {
     /// How a stream of this API gets its usage.
     fn stream_usage(&self) -> StreamUsage;
 
-    /// Reads one SSE event's data (the data lines joined; comments never reach here).
+    /// Reads one SSE event's data (the data lines joined; comments never reach here), on its
+    /// own.
     fn event<'a>(&self, data: &'a [u8]) -> Option<EventSummary<'a>>;
 
-    /// [`event`](Self::event) for the next event of one stream, with `memo` kept per stream (a
-    /// reader may learn from earlier events what it can skip in later ones). Answers what
-    /// `event` answers.
-    #[inline]
-    fn stream_event<'a>(&self, data: &'a [u8], _memo: &mut EventMemo) -> Option<EventSummary<'a>> {
-        self.event(data)
-    }
+    /// A reader for the events of one stream, in order. A dialect that keeps nothing between
+    /// events returns a reader without state, which a `Box` holds without allocating.
+    fn stream_reader(&self) -> Box<dyn StreamReader>;
 
     /// Reads a whole non-streamed JSON body.
     fn body<'a>(&self, body: &'a [u8]) -> Option<EventSummary<'a>>;
@@ -178,6 +214,14 @@ pub trait Dialect: Send + Sync + 'static {
     }
 }
 
+/// One stream's reader: its events read in order, with what the reader learned from the earlier
+/// events of the same stream (it may skip in an event what those showed it). Made by
+/// [`Dialect::stream_reader`], one per response, so the state is the stream's own.
+pub trait StreamReader: Send {
+    /// Reads the stream's next event's data: what [`Dialect::event`] answers for it.
+    fn next_event<'a>(&mut self, data: &'a [u8]) -> Option<EventSummary<'a>>;
+}
+
 /// A field carries output when it is a non-empty string or any other non-null value (text,
 /// thinking, reasoning, refusal, tool input or arguments). The agent dialects count with it.
 pub(super) fn carries(v: Option<&serde_json::value::RawValue>) -> bool {
@@ -189,7 +233,7 @@ pub(super) fn carries(v: Option<&serde_json::value::RawValue>) -> bool {
 /// counted as generation.
 pub fn detect(path: &str) -> Option<Api> {
     let path = path.split('?').next().unwrap_or(path);
-    DIALECTS.iter().find(|d| d.matches(path)).map(|d| d.api())
+    Api::ALL.into_iter().find(|a| a.dialect().matches(path))
 }
 
 #[cfg(test)]
@@ -210,9 +254,10 @@ mod tests {
         assert_eq!(detect("/health"), None);
         assert_eq!(detect("/v1/xmessages"), None);
         for api in Api::ALL {
+            assert_eq!(api.spec().api, api);
             assert_eq!(api.dialect().api(), api);
             assert_eq!(detect(api.path()), Some(api));
+            assert_eq!(Api::from_name(api.as_str()), Some(api));
         }
-        assert_eq!(DIALECTS.len(), Api::ALL.len());
     }
 }

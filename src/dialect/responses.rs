@@ -8,10 +8,28 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{carries, Api, Dialect, EventSummary, StreamUsage, TokenUsage};
+use super::{
+    carries, Api, ApiSpec, ClientShape, Dialect, EventSummary, KeyHeader, PromptField,
+    StreamReader, StreamUsage, TokenUsage,
+};
 
 /// The Responses reader.
 pub struct Responses;
+
+/// The Responses API's facts.
+pub const SPEC: ApiSpec = ApiSpec {
+    api: Api::Responses,
+    name: "responses",
+    path: "/v1/responses",
+    otel_operation: "chat",
+    dialect: &Responses,
+    client: ClientShape {
+        prompt: PromptField::Text("input"),
+        max_tokens: "max_output_tokens",
+        user: &["user"],
+        key: KeyHeader::Bearer,
+    },
+};
 
 #[derive(Deserialize)]
 struct Event<'a> {
@@ -89,6 +107,13 @@ impl<'a> Response<'a> {
     }
 }
 
+/// Its events say all they mean on their own: a stream's reader keeps nothing.
+impl StreamReader for Responses {
+    fn next_event<'a>(&mut self, data: &'a [u8]) -> Option<EventSummary<'a>> {
+        self.event(data)
+    }
+}
+
 impl Dialect for Responses {
     fn api(&self) -> Api {
         Api::Responses
@@ -100,6 +125,10 @@ impl Dialect for Responses {
 
     fn stream_usage(&self) -> StreamUsage {
         StreamUsage::Always
+    }
+
+    fn stream_reader(&self) -> Box<dyn StreamReader> {
+        Box::new(Responses)
     }
 
     fn event<'a>(&self, data: &'a [u8]) -> Option<EventSummary<'a>> {

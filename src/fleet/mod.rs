@@ -5,8 +5,11 @@
 //! This module holds routing state only (atomics and one read-mostly lock per replica, touched
 //! once per request, never per chunk); the proxy owns the per-replica meters.
 
+pub mod metrics;
 pub mod models;
 pub mod settings;
+
+pub use metrics::render_prometheus;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -332,90 +335,6 @@ pub struct RoutingView {
     pub ejections: u64,
     /// Models it listed at the last `/v1/models` read; `null` before the first.
     pub models: Option<Vec<String>>,
-}
-
-/// Appends the per-replica Prometheus series (the `upstream` label is bounded by the config).
-pub fn render_prometheus(out: &mut String, ups: &Upstreams, now: UnixNanos) {
-    use std::fmt::Write;
-    let series: [(&str, &str, &str); 7] = [
-        (
-            "tokenmeter_upstream_in_flight",
-            "gauge",
-            "Generation and other requests routed to the replica and not finished.",
-        ),
-        (
-            "tokenmeter_upstream_ejected",
-            "gauge",
-            "1 while the replica is ejected after failures.",
-        ),
-        (
-            "tokenmeter_upstream_requests_total",
-            "counter",
-            "Finished requests routed to the replica, by outcome.",
-        ),
-        (
-            "tokenmeter_upstream_completion_tokens_total",
-            "counter",
-            "Completion tokens of finished requests routed to the replica.",
-        ),
-        (
-            "tokenmeter_upstream_prompt_tokens_total",
-            "counter",
-            "Prompt tokens of finished requests routed to the replica.",
-        ),
-        (
-            "tokenmeter_upstream_failures_total",
-            "counter",
-            "Failed attempts on the replica (refused, lost before the head, or 5xx).",
-        ),
-        (
-            "tokenmeter_upstream_retries_total",
-            "counter",
-            "Requests moved from the replica to another after a failed attempt.",
-        ),
-    ];
-    for (name, kind, help) in series {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for u in &ups.list {
-            let l = &u.name;
-            let c = &u.counters;
-            match name {
-                "tokenmeter_upstream_in_flight" => {
-                    let _ = writeln!(out, "{name}{{upstream=\"{l}\"}} {}", u.in_flight());
-                }
-                "tokenmeter_upstream_ejected" => {
-                    let _ = writeln!(
-                        out,
-                        "{name}{{upstream=\"{l}\"}} {}",
-                        u.ejected_at(now) as u8
-                    );
-                }
-                "tokenmeter_upstream_requests_total" => {
-                    for (o, n) in Outcome::ALL.iter().zip(&c.outcomes) {
-                        let _ = writeln!(
-                            out,
-                            "{name}{{upstream=\"{l}\",outcome=\"{}\"}} {}",
-                            o.as_str(),
-                            n.load(Ordering::Relaxed)
-                        );
-                    }
-                }
-                _ => {
-                    let v = match name {
-                        "tokenmeter_upstream_completion_tokens_total" => &c.completion_tokens,
-                        "tokenmeter_upstream_prompt_tokens_total" => &c.prompt_tokens,
-                        "tokenmeter_upstream_failures_total" => &c.failures,
-                        _ => &c.retried_away,
-                    };
-                    let _ = writeln!(
-                        out,
-                        "{name}{{upstream=\"{l}\"}} {}",
-                        v.load(Ordering::Relaxed)
-                    );
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
-//! What a load run needs to speak each generation API (`--api`): the route, the request body, how
-//! its clients send their key. Reading the answers is the proxy's own dialect layer
-//! ([`crate::dialect`]), so load and the proxy read every API alike.
+//! A load run speaking each generation API (`--api`) from the API's own facts
+//! ([`crate::dialect::ApiSpec`]: the route, where a request puts its prompt, limit and user, how
+//! its clients send their key), and reading the answers with the proxy's own dialect layer
+//! ([`crate::dialect`]), so load and the proxy read every API alike. Nothing here is per API.
 //!
 //! Per API, what load takes from it (see [`read_event`]):
 //!
@@ -11,17 +12,16 @@
 //! | messages | first `content_block_delta` with output | `message_start`'s `input_tokens`, the last `message_delta`'s `output_tokens` |
 
 pub use crate::dialect::Api;
+use crate::dialect::{KeyHeader, PromptField, StreamUsage};
 
 use super::event::{error_text, Usage};
 
 /// `--api`'s parser: an API by its name.
 pub fn parse_api(s: &str) -> Result<Api, String> {
-    Api::ALL
-        .into_iter()
-        .find(|a| a.as_str() == s)
-        .ok_or_else(|| {
-            format!("unknown API {s:?}: chat, completions, responses, messages (or mix)")
-        })
+    Api::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Api::ALL.iter().map(|a| a.as_str()).collect();
+        format!("unknown API {s:?}: {} (or mix)", names.join(", "))
+    })
 }
 
 /// The agents' mix of `--api mix`: a team whose agents differ (a chat client, a Codex-style
@@ -49,14 +49,13 @@ pub fn path(api: Api) -> &'static str {
     api.path()
 }
 
-/// Anthropic clients send their key as `x-api-key` (with `anthropic-version`); the others as
-/// `Authorization: Bearer`.
-pub fn key_in_x_api_key(api: Api) -> bool {
-    api == Api::Messages
+/// How clients of `api` send their key.
+pub fn key_header(api: Api) -> KeyHeader {
+    api.spec().client.key
 }
 
-/// The JSON body of one request: one user message (or prompt) of `prompt`, the output limit
-/// under this API's name, streamed or not. Chat and completions streams ask for usage.
+/// The JSON body of one request: `prompt` where the API takes it, the output limit under the
+/// API's name, streamed or not. Streams of an API that gives usage only when asked ask for it.
 pub fn body(
     api: Api,
     model: &str,
@@ -66,34 +65,25 @@ pub fn body(
     ignore_eos: bool,
     user: Option<&str>,
 ) -> Vec<u8> {
-    let mut body = match api {
-        Api::Chat => serde_json::json!({
-            "model": model,
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens,
-        }),
-        Api::Completions => serde_json::json!({
-            "model": model, "prompt": prompt, "max_tokens": max_tokens,
-        }),
-        Api::Responses => serde_json::json!({
-            "model": model, "input": prompt, "max_output_tokens": max_tokens,
-        }),
-        Api::Messages => serde_json::json!({
-            "model": model,
-            "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": prompt}],
-        }),
-    };
+    let shape = api.spec().client;
+    let mut body = serde_json::json!({ "model": model });
+    match shape.prompt {
+        PromptField::UserMessage => {
+            body["messages"] = serde_json::json!([{"role": "user", "content": prompt}]);
+        }
+        PromptField::Text(member) => body[member] = serde_json::Value::from(prompt),
+    }
+    body[shape.max_tokens] = serde_json::Value::from(max_tokens);
     body["stream"] = serde_json::Value::Bool(stream);
-    if stream && matches!(api, Api::Chat | Api::Completions) {
+    if stream && api.dialect().stream_usage() == StreamUsage::IncludeUsageOption {
         body["stream_options"] = serde_json::json!({"include_usage": true});
     }
-    if let Some(u) = user {
-        // Anthropic's field for an end-user id is `metadata.user_id`.
-        match api {
-            Api::Messages => body["metadata"] = serde_json::json!({"user_id": u}),
-            _ => body["user"] = serde_json::Value::from(u),
+    if let (Some(u), Some((last, parents))) = (user, shape.user.split_last()) {
+        let mut at = &mut body;
+        for p in parents {
+            at = &mut at[*p];
         }
+        at[*last] = serde_json::Value::from(u);
     }
     if ignore_eos {
         body["ignore_eos"] = serde_json::Value::Bool(true);
@@ -139,10 +129,8 @@ pub fn read_event(api: Api, data: &[u8]) -> EventRead {
         return EventRead::default();
     };
     EventRead {
-        ttft: match api {
-            Api::Chat | Api::Completions => s.choices > 0,
-            Api::Responses | Api::Messages => s.output > 0,
-        },
+        // `choices` is counted by the OpenAI-style APIs only, where output implies it.
+        ttft: s.choices > 0 || s.output > 0,
         output: s.output,
         prompt_tokens: s.usage.and_then(|u| u.input),
         completion_tokens: s.usage.and_then(|u| u.output),

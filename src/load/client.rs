@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::api::{self, Api};
 use super::event::error_text;
 use super::result::{finish, Partial, RequestResult};
+use crate::dialect::KeyHeader;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -119,13 +120,16 @@ impl HttpClient {
         let mut b = http::Request::builder()
             .method(method)
             .uri(format!("{}{}", self.base, path));
-        if api::key_in_x_api_key(api) {
-            b = b.header("anthropic-version", "2023-06-01");
+        let key = api::key_header(api);
+        if let KeyHeader::XApiKey { version } = key {
+            b = b.header("anthropic-version", version);
         }
-        match &self.api_key {
-            Some(key) if api::key_in_x_api_key(api) => b = b.header("x-api-key", key.as_str()),
-            Some(key) => b = b.header(http::header::AUTHORIZATION, format!("Bearer {key}")),
-            None => {}
+        match (&self.api_key, key) {
+            (Some(k), KeyHeader::XApiKey { .. }) => b = b.header("x-api-key", k.as_str()),
+            (Some(k), KeyHeader::Bearer) => {
+                b = b.header(http::header::AUTHORIZATION, format!("Bearer {k}"));
+            }
+            (None, _) => {}
         }
         if let Some(user) = &self.user {
             b = b.header("x-tokenmeter-user", user.as_str());

@@ -19,7 +19,7 @@ use crate::health::Health;
 
 use super::live::MeterHandle;
 use super::process::ProcessStats;
-use super::prometheus::{render_self, SelfMetrics};
+use super::self_metrics::{render_self, SelfMetrics};
 use super::snapshot::{AccessLogView, SnapshotError, SnapshotQuery};
 
 /// What the stats endpoints need besides the meter.

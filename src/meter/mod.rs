@@ -8,6 +8,7 @@
 pub mod capacity;
 pub mod config;
 pub mod engine;
+pub mod gauges;
 pub mod histogram;
 pub mod http;
 pub mod inflight;
@@ -22,6 +23,7 @@ pub mod replay;
 pub mod ring;
 pub mod scope;
 mod scope_slots;
+pub mod self_metrics;
 pub mod service_level;
 pub mod snapshot;
 mod stats;

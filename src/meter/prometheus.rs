@@ -1,4 +1,7 @@
-//! Prometheus text exposition (format 0.0.4) of the proxy's own measurements.
+//! Prometheus text exposition (format 0.0.4) of the proxy's own measurements: the counters and
+//! histograms of generation requests, each declared once here ([`Metric`]); the meter's gauges
+//! are in [`super::gauges`], the access-log, scrape, build and process series in
+//! [`super::self_metrics`].
 //!
 //! Every metric is prefixed `tokenmeter_` rather than reusing vLLM's `vllm:` names: a dashboard
 //! scraping both the proxy and the server must be able to tell the client-side view (network,
@@ -15,22 +18,110 @@
 //! disappear, so counters stay monotonic.
 
 use std::collections::{HashMap, HashSet};
-use std::fmt::Write;
 use std::sync::Arc;
 
 use crate::dialect::Api;
-use crate::exposition::{
-    escape_label as escape, header, REQUEST_BUCKETS as E2E_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS,
-};
+use crate::exposition::{Metric, Style, Text, Unit, REQUEST_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS};
 use crate::itl::VLLM_ITL_BOUNDS_S;
 use crate::record::{Outcome, RequestRecord};
 
 use super::labels::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
-use super::snapshot::AccessLogView;
 
-/// First-byte bucket upper bounds, seconds: the TTFT bounds (the first byte usually comes with
-/// the response headers, long before the first token, so the low end matters as much).
-pub const FIRST_BYTE_BUCKETS: &[f64] = TTFT_BUCKETS;
+/// Finished generation requests.
+pub const REQUESTS_TOTAL: Metric = Metric::counter(
+    "tokenmeter_requests_total",
+    "Generation requests finished, by outcome and class of the status sent to the client.",
+    Unit::Count("{request}"),
+    &["model", "api", "user", "outcome", "status"],
+);
+
+/// Generated tokens, live.
+pub const GENERATION_TOKENS_TOTAL: Metric = Metric::counter(
+    "tokenmeter_generation_tokens_total",
+    "Generated tokens as they stream past the proxy, settled to usage when each request ends \
+     (compare with vllm:generation_tokens_total).",
+    Unit::Count("{token}"),
+    &["model", "user"],
+);
+
+/// Prompt tokens, live.
+pub const PROMPT_TOKENS_TOTAL: Metric = Metric::counter(
+    "tokenmeter_prompt_tokens_total",
+    "Prompt tokens, from the first output event once a usage gave them, else from the final \
+     usage (compare with vllm:prompt_tokens_total).",
+    Unit::Count("{token}"),
+    &["model", "user"],
+);
+
+/// Completion tokens of finished requests.
+pub const COMPLETION_TOKENS_TOTAL: Metric = Metric::counter(
+    "tokenmeter_completion_tokens_total",
+    "Completion tokens counted when requests finish (usage, else counted); moves in steps at \
+     each request's end: for rates use tokenmeter_generation_tokens_total.",
+    Unit::Count("{token}"),
+    &["model", "api", "user"],
+);
+
+/// TTFT.
+pub const TIME_TO_FIRST_TOKEN_SECONDS: Metric = Metric::histogram(
+    "tokenmeter_time_to_first_token_seconds",
+    "Arrival to first content event, seconds.",
+    Unit::Seconds,
+    &["model"],
+    TTFT_BUCKETS,
+);
+
+/// TPOT.
+pub const TIME_PER_OUTPUT_TOKEN_SECONDS: Metric = Metric::histogram(
+    "tokenmeter_time_per_output_token_seconds",
+    "(e2e - ttft) / (completion_tokens - 1), seconds.",
+    Unit::Seconds,
+    &["model"],
+    TPOT_BUCKETS,
+);
+
+/// End-to-end latency.
+pub const E2E_REQUEST_LATENCY_SECONDS: Metric = Metric::histogram(
+    "tokenmeter_e2e_request_latency_seconds",
+    "Arrival to last byte sent to the client, seconds.",
+    Unit::Seconds,
+    &["model"],
+    REQUEST_BUCKETS,
+);
+
+/// Time to the upstream's first byte: the TTFT bounds (the first byte usually comes with the
+/// response headers, long before the first token, so the low end matters as much).
+pub const FIRST_BYTE_SECONDS: Metric = Metric::histogram(
+    "tokenmeter_first_byte_seconds",
+    "Arrival to the first response byte from the upstream, seconds.",
+    Unit::Seconds,
+    &["model"],
+    TTFT_BUCKETS,
+);
+
+/// Inter-token latency, on vLLM's bounds.
+pub const INTER_TOKEN_LATENCY_SECONDS: Metric = Metric::histogram(
+    "tokenmeter_inter_token_latency_seconds",
+    "Gaps between output-carrying events (vllm bench serve's ITL), seconds; vLLM's bounds.",
+    Unit::Seconds,
+    &["model"],
+    &VLLM_ITL_BOUNDS_S,
+);
+
+/// The per-model histograms in the order they are written; [`Hists`] holds one of each, at the
+/// same index.
+const HISTOGRAMS: [&Metric; 5] = [
+    &TIME_TO_FIRST_TOKEN_SECONDS,
+    &TIME_PER_OUTPUT_TOKEN_SECONDS,
+    &E2E_REQUEST_LATENCY_SECONDS,
+    &FIRST_BYTE_SECONDS,
+    &INTER_TOKEN_LATENCY_SECONDS,
+];
+const TTFT: usize = 0;
+const TPOT: usize = 1;
+const E2E: usize = 2;
+const FIRST_BYTE: usize = 3;
+const ITL: usize = 4;
 
 /// Values of the `status` label: the class of the status sent to the client, `none` when none
 /// was sent (the client left first, or the proxy failed before an answer).
@@ -126,14 +217,9 @@ struct Finished {
 /// label is on.
 type FinishedKey = (Arc<str>, Api, Option<Arc<str>>);
 
+/// One model's histograms, by their index in [`HISTOGRAMS`].
 #[derive(Debug, Clone)]
-struct Hists {
-    ttft: FixedHist,
-    tpot: FixedHist,
-    e2e: FixedHist,
-    first_byte: FixedHist,
-    itl: FixedHist,
-}
+struct Hists([FixedHist; 5]);
 
 /// A label set's place in [`PromState`]: open requests keep it so a streamed event costs one
 /// indexed add, no string hashing.
@@ -250,91 +336,65 @@ impl PromState {
             f.outcomes[i][status_class(r.status)] += 1;
         }
         f.completion += completion;
-        let h = self.hists.entry(model).or_insert_with(|| Hists {
-            ttft: FixedHist::new(TTFT_BUCKETS),
-            tpot: FixedHist::new(TPOT_BUCKETS),
-            e2e: FixedHist::new(E2E_BUCKETS),
-            first_byte: FixedHist::new(FIRST_BYTE_BUCKETS),
-            itl: FixedHist::new(&VLLM_ITL_BOUNDS_S),
-        });
+        let h = self
+            .hists
+            .entry(model)
+            .or_insert_with(|| Hists(HISTOGRAMS.map(|m| FixedHist::new(m.buckets))));
         if let Some(itl) = &r.itl {
             // The request's own counts per vLLM bucket: exact, no re-binning.
-            for (slot, n) in h.itl.counts.iter_mut().zip(itl.vllm_buckets().iter()) {
+            let h = &mut h.0[ITL];
+            for (slot, n) in h.counts.iter_mut().zip(itl.vllm_buckets().iter()) {
                 *slot += u64::from(*n);
             }
-            h.itl.count += u64::from(itl.count());
-            h.itl.sum += itl.sum_s();
+            h.count += u64::from(itl.count());
+            h.sum += itl.sum_s();
         }
-        let secs = |ms: Option<f64>| ms.map(|v| v / 1e3);
-        for (hist, bounds, v) in [
-            (&mut h.ttft, TTFT_BUCKETS, r.ttft_ms),
-            (&mut h.tpot, TPOT_BUCKETS, r.tpot_ms),
-            (&mut h.e2e, E2E_BUCKETS, r.e2e_ms),
-            (&mut h.first_byte, FIRST_BYTE_BUCKETS, r.first_byte_ms),
+        for (i, ms) in [
+            (TTFT, r.ttft_ms),
+            (TPOT, r.tpot_ms),
+            (E2E, r.e2e_ms),
+            (FIRST_BYTE, r.first_byte_ms),
         ] {
-            if let Some(v) = secs(v) {
-                hist.observe(bounds, v);
+            if let Some(ms) = ms {
+                h.0[i].observe(HISTOGRAMS[i].buckets, ms / 1e3);
             }
         }
     }
 
-    /// The exposition text; `in_flight` is the current gauge value.
-    pub fn render(&self, in_flight: u32) -> String {
-        let mut out = String::with_capacity(4096);
+    /// Appends the exposition of the counters and histograms (the meter's gauges follow them:
+    /// [`super::gauges`]).
+    pub fn render(&self, out: &mut String) {
+        let mut w = Text::new(out, Style::Native);
         let mut order: Vec<Slot> = (0..self.keys.len()).collect();
         order.sort_by(|a, b| self.keys[*a].cmp(&self.keys[*b]));
-        let labels = |s: Slot| match &self.keys[s] {
-            (model, Some(u)) => format!("model=\"{}\",user=\"{}\"", escape(model), escape(u)),
-            (model, None) => format!("model=\"{}\"", escape(model)),
-        };
         let mut fkeys: Vec<&FinishedKey> = self.finished.keys().collect();
         fkeys.sort();
-        let flabels = |(model, api, user): &FinishedKey| match user {
-            Some(u) => format!(
-                "model=\"{}\",api=\"{}\",user=\"{}\"",
-                escape(model),
-                api.as_str(),
-                escape(u)
-            ),
-            None => format!("model=\"{}\",api=\"{}\"", escape(model), api.as_str()),
-        };
-        header(
-            &mut out,
-            "tokenmeter_requests_total",
-            "counter",
-            "Generation requests finished, by outcome and class of the status sent to the client.",
-        );
+        let m = &REQUESTS_TOTAL;
+        w.header(m);
         for k in &fkeys {
+            let (model, api, user) = k;
             let f = &self.finished[*k];
-            let l = flabels(k);
             for (o, by_status) in Outcome::ALL.iter().zip(&f.outcomes) {
                 for (class, n) in STATUS_CLASSES.iter().zip(by_status) {
                     // A series appears with its first request and stays.
                     if *n > 0 {
-                        let o = o.as_str();
-                        let _ = writeln!(
-                            out,
-                            "tokenmeter_requests_total{{{l},outcome=\"{o}\",status=\"{class}\"}} {n}"
-                        );
+                        let labels = [
+                            Some(&**model),
+                            Some(api.as_str()),
+                            user.as_deref(),
+                            Some(o.as_str()),
+                            Some(class),
+                        ];
+                        w.sample(m, labels, *n);
                     }
                 }
             }
         }
-        for (name, help, generation) in [
-            (
-                "tokenmeter_generation_tokens_total",
-                "Generated tokens as they stream past the proxy, settled to usage when each \
-                 request ends (compare with vllm:generation_tokens_total).",
-                true,
-            ),
-            (
-                "tokenmeter_prompt_tokens_total",
-                "Prompt tokens, from the first output event once a usage gave them, else from \
-                 the final usage (compare with vllm:prompt_tokens_total).",
-                false,
-            ),
+        for (m, generation) in [
+            (&GENERATION_TOKENS_TOTAL, true),
+            (&PROMPT_TOKENS_TOTAL, false),
         ] {
-            header(&mut out, name, "counter", help);
+            w.header(m);
             for &s in &order {
                 let c = &self.counters[s];
                 let v = if generation {
@@ -342,175 +402,26 @@ impl PromState {
                 } else {
                     c.prompt.value
                 };
-                let _ = writeln!(out, "{name}{{{}}} {v}", labels(s));
+                let (model, user) = &self.keys[s];
+                w.sample(m, [Some(&**model), user.as_deref()], v);
             }
         }
-        let name = "tokenmeter_completion_tokens_total";
-        header(
-            &mut out,
-            name,
-            "counter",
-            "Completion tokens counted when requests finish (usage, else counted); moves in \
-             steps at each request's end: for rates use tokenmeter_generation_tokens_total.",
-        );
+        let m = &COMPLETION_TOKENS_TOTAL;
+        w.header(m);
         for k in &fkeys {
-            let _ = writeln!(
-                out,
-                "{name}{{{}}} {}",
-                flabels(k),
-                self.finished[*k].completion
-            );
+            let (model, api, user) = k;
+            let labels = [Some(&**model), Some(api.as_str()), user.as_deref()];
+            w.sample(m, labels, self.finished[*k].completion);
         }
         let mut models: Vec<_> = self.hists.keys().collect();
         models.sort();
-        for (name, help, bounds, pick) in [
-            (
-                "tokenmeter_time_to_first_token_seconds",
-                "Arrival to first content event, seconds.",
-                TTFT_BUCKETS,
-                0,
-            ),
-            (
-                "tokenmeter_time_per_output_token_seconds",
-                "(e2e - ttft) / (completion_tokens - 1), seconds.",
-                TPOT_BUCKETS,
-                1,
-            ),
-            (
-                "tokenmeter_e2e_request_latency_seconds",
-                "Arrival to last byte sent to the client, seconds.",
-                E2E_BUCKETS,
-                2,
-            ),
-            (
-                "tokenmeter_first_byte_seconds",
-                "Arrival to the first response byte from the upstream, seconds.",
-                FIRST_BYTE_BUCKETS,
-                3,
-            ),
-            (
-                "tokenmeter_inter_token_latency_seconds",
-                "Gaps between output-carrying events (vllm bench serve's ITL), seconds; vLLM's bounds.",
-                &VLLM_ITL_BOUNDS_S[..],
-                4,
-            ),
-        ] {
-            header(&mut out, name, "histogram", help);
-            for m in &models {
-                let hs = &self.hists[*m];
-                let h = [&hs.ttft, &hs.tpot, &hs.e2e, &hs.first_byte, &hs.itl][pick];
-                let m = escape(m);
-                let mut cum = 0;
-                for (b, n) in bounds.iter().zip(&h.counts) {
-                    cum += n;
-                    let _ = writeln!(out, "{name}_bucket{{model=\"{m}\",le=\"{b}\"}} {cum}");
-                }
-                let _ = writeln!(
-                    out,
-                    "{name}_bucket{{model=\"{m}\",le=\"+Inf\"}} {}",
-                    h.count
-                );
-                let _ = writeln!(out, "{name}_sum{{model=\"{m}\"}} {}", h.sum);
-                let _ = writeln!(out, "{name}_count{{model=\"{m}\"}} {}", h.count);
+        for (i, m) in HISTOGRAMS.iter().enumerate() {
+            w.header(m);
+            for model in &models {
+                let h = &self.hists[*model].0[i];
+                w.histogram(m, [&***model], &h.counts, h.count, h.sum);
             }
         }
-        header(
-            &mut out,
-            "tokenmeter_requests_in_flight",
-            "gauge",
-            "Generation requests in flight now.",
-        );
-        let _ = writeln!(out, "tokenmeter_requests_in_flight {in_flight}");
-        out
-    }
-}
-
-/// Counters kept outside the meter thread, appended to its exposition by the HTTP handler.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SelfMetrics {
-    /// The access-log writer's counters.
-    pub access_log: AccessLogView,
-    /// Successful and failed scrapes of the upstream's `/metrics`, when scraping is on.
-    pub scrapes: Option<(u64, u64)>,
-    /// The process's own resource use, when the platform reports it.
-    pub process: Option<super::process::ProcessStats>,
-}
-
-/// Appends build information, the access-log and scrape counters and the process metrics.
-pub fn render_self(out: &mut String, m: &SelfMetrics) {
-    header(
-        out,
-        "tokenmeter_build_info",
-        "gauge",
-        "Always 1; the labels name the running build.",
-    );
-    let _ = writeln!(
-        out,
-        "tokenmeter_build_info{{version=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION")
-    );
-    for (name, help, v) in [
-        (
-            "tokenmeter_access_log_written_total",
-            "Access-log lines written.",
-            m.access_log.written,
-        ),
-        (
-            "tokenmeter_access_log_dropped_total",
-            "Access-log records dropped (channel full or writer gone).",
-            m.access_log.dropped,
-        ),
-        (
-            "tokenmeter_access_log_failed_total",
-            "Access-log records lost to write errors.",
-            m.access_log.failed,
-        ),
-    ] {
-        header(out, name, "counter", help);
-        let _ = writeln!(out, "{name} {v}");
-    }
-    if let Some((ok, errors)) = m.scrapes {
-        for (name, help, v) in [
-            (
-                "tokenmeter_upstream_scrapes_total",
-                "Successful scrapes of the upstream's /metrics.",
-                ok,
-            ),
-            (
-                "tokenmeter_upstream_scrape_errors_total",
-                "Failed scrapes of the upstream's /metrics (connection, timeout, status, no vllm: series).",
-                errors,
-            ),
-        ] {
-            header(out, name, "counter", help);
-            let _ = writeln!(out, "{name} {v}");
-        }
-    }
-    if let Some(p) = m.process {
-        // The names client libraries use for these, so existing process dashboards work.
-        header(
-            out,
-            "process_cpu_seconds_total",
-            "counter",
-            "User and system CPU time of the process, seconds.",
-        );
-        let _ = writeln!(out, "process_cpu_seconds_total {}", p.cpu_s);
-        header(
-            out,
-            "process_resident_memory_bytes",
-            "gauge",
-            "Resident set size, bytes.",
-        );
-        let _ = writeln!(out, "process_resident_memory_bytes {}", p.rss_bytes);
-        header(out, "process_open_fds", "gauge", "Open file descriptors.");
-        let _ = writeln!(out, "process_open_fds {}", p.open_fds);
-        header(
-            out,
-            "process_start_time_seconds",
-            "gauge",
-            "Start of the process, seconds since the Unix epoch.",
-        );
-        let _ = writeln!(out, "process_start_time_seconds {}", p.start_time_s);
     }
 }
 

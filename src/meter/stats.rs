@@ -108,14 +108,17 @@ impl Meter {
 }
 
 impl Meter {
-    /// Prometheus exposition of the meter's counters at `now` (without the access-log counter,
-    /// build and process metrics, which [`super::prometheus::render_self`] appends).
+    /// Prometheus exposition of the meter's counters, histograms and gauges at `now` (without
+    /// the access-log counter, build and process metrics, which
+    /// [`super::self_metrics::render_self`] appends).
     pub fn prometheus(&mut self, now: UnixNanos) -> String {
         self.tick(now);
-        let mut text = self.prom.render(self.in_flight());
+        let mut out = String::with_capacity(4096);
+        self.prom.render(&mut out);
+        super::gauges::render(&mut out, self, now);
         self.levels.advance(now);
         let view = service_level_view(&self.config.slo, &self.verdicts, self.levels.sums());
-        super::prometheus::render_service_level(&mut text, &view.capacity);
-        text
+        super::prometheus::render_service_level(&mut out, &view.capacity);
+        out
     }
 }

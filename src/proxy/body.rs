@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Sleep;
 
-use crate::dialect::{Dialect, EventMemo, EventSummary};
+use crate::dialect::{Dialect, EventSummary, StreamReader};
 use crate::proxy::tracker::Tracker;
 use crate::record::Outcome;
 use crate::sse::SseScanner;
@@ -21,13 +21,11 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How the body is read on the way through.
 pub enum Reading {
-    /// Server-sent events, scanned incrementally and read by `dialect`; `strip_usage` removes
-    /// usage-only events the proxy asked for on the client's behalf.
+    /// Server-sent events, scanned incrementally and read by the API's stream `reader`;
+    /// `strip_usage` removes usage-only events the proxy asked for on the client's behalf.
     Sse {
-        dialect: &'static dyn Dialect,
+        reader: Box<dyn StreamReader>,
         scanner: SseScanner,
-        /// What the dialect's reader learned from this stream's earlier events.
-        memo: EventMemo,
         strip_usage: bool,
         held: BytesMut,
         max_held: usize,
@@ -148,25 +146,23 @@ impl MeteredBody {
                 data
             }
             Reading::Sse {
-                dialect,
+                reader,
                 scanner,
-                memo,
                 strip_usage,
                 held,
                 max_held,
             } => {
-                let dialect = *dialect;
                 if !*strip_usage {
                     scanner.feed(&data, |ev| {
                         if !ev.oversize {
-                            if let Some(s) = dialect.stream_event(ev.data, memo) {
+                            if let Some(s) = reader.next_event(ev.data) {
                                 tracker.on_event(&s, now, true);
                             }
                         }
                     });
                     data
                 } else {
-                    let mut out = strip_usage_events(dialect, scanner, memo, held, &data, |s| {
+                    let mut out = strip_usage_events(&mut **reader, scanner, held, &data, |s| {
                         tracker.on_event(s, now, true);
                     });
                     if held.len() > *max_held {
@@ -193,9 +189,8 @@ impl MeteredBody {
 /// Feeds `data` through the scanner, drops usage-only events (`"choices": []` with usage), holds
 /// back an event that is not complete yet (it might be one), and returns the bytes to send now.
 pub(crate) fn strip_usage_events(
-    dialect: &dyn Dialect,
+    reader: &mut dyn StreamReader,
     scanner: &mut SseScanner,
-    memo: &mut EventMemo,
     held: &mut BytesMut,
     data: &Bytes,
     mut on_summary: impl FnMut(&EventSummary<'_>),
@@ -209,7 +204,7 @@ pub(crate) fn strip_usage_events(
     scanner.feed(data, |ev| {
         let mut usage_only = false;
         if !ev.oversize {
-            if let Some(s) = dialect.stream_event(ev.data, memo) {
+            if let Some(s) = reader.next_event(ev.data) {
                 usage_only = s.usage_only;
                 on_summary(&s);
             }
@@ -428,6 +423,7 @@ impl Body for MeteredBody {
 mod tests {
     use super::*;
     use crate::dialect::chat::CHAT;
+    use crate::dialect::Dialect;
 
     fn fixture_body(name: &str) -> Vec<u8> {
         let raw = std::fs::read(
@@ -445,7 +441,7 @@ mod tests {
         pieces: impl Iterator<Item = std::ops::Range<usize>>,
     ) -> (Vec<u8>, usize, usize) {
         let mut scanner = SseScanner::default();
-        let mut memo = EventMemo::default();
+        let mut reader = CHAT.stream_reader();
         let mut held = BytesMut::new();
         let mut out = Vec::new();
         let mut usage_events = 0;
@@ -453,7 +449,7 @@ mod tests {
         let mut max_held = 0;
         for r in pieces {
             let data = Bytes::copy_from_slice(&body[r]);
-            let sent = strip_usage_events(&CHAT, &mut scanner, &mut memo, &mut held, &data, |s| {
+            let sent = strip_usage_events(&mut *reader, &mut scanner, &mut held, &data, |s| {
                 if s.usage.is_some() {
                     usage_events += 1;
                 }
@@ -490,17 +486,17 @@ mod tests {
     #[test]
     fn whole_frames_pass_without_copy_and_comments_survive() {
         let mut scanner = SseScanner::default();
-        let mut memo = EventMemo::default();
+        let mut reader = CHAT.stream_reader();
         let mut held = BytesMut::new();
         let frame = Bytes::from_static(
             b": keep-alive\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
         );
-        let out = strip_usage_events(&CHAT, &mut scanner, &mut memo, &mut held, &frame, |_| {});
+        let out = strip_usage_events(&mut *reader, &mut scanner, &mut held, &frame, |_| {});
         assert_eq!(out.as_ptr(), frame.as_ptr(), "zero-copy pass-through");
         let usage = Bytes::from_static(
             b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n",
         );
-        let out = strip_usage_events(&CHAT, &mut scanner, &mut memo, &mut held, &usage, |_| {});
+        let out = strip_usage_events(&mut *reader, &mut scanner, &mut held, &usage, |_| {});
         assert_eq!(&out[..], b"data: [DONE]\n\n");
     }
 }

@@ -469,9 +469,8 @@ fn reading(
             rparts.headers.remove(header::CONTENT_LENGTH);
         }
         Reading::Sse {
-            dialect,
+            reader: dialect.stream_reader(),
             scanner: SseScanner::new(cfg.max_sse_event_bytes),
-            memo: Default::default(),
             strip_usage,
             held: Default::default(),
             max_held: cfg.max_sse_event_bytes,

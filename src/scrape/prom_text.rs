@@ -6,6 +6,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::exposition::vllm;
+
 /// One parsed series line: `name{labels} value`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PromLine {
@@ -153,7 +155,10 @@ pub struct VllmValues {
 }
 
 /// Name of the KV-cache gauge, and the deprecated name read when it is absent.
-pub const KV_CACHE_NAMES: [&str; 2] = ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"];
+pub const KV_CACHE_NAMES: [&str; 2] = [
+    vllm::KV_CACHE_USAGE_PERC.name,
+    vllm::GPU_CACHE_USAGE_PERC.name,
+];
 
 fn sum_of(text: &PromText, name: &str) -> Option<f64> {
     let mut found = None;
@@ -209,12 +214,12 @@ fn histogram_of(text: &PromText, base: &str) -> Option<HistogramValues> {
 /// Extracts the kept series from a parsed exposition.
 pub fn extract(text: &PromText) -> VllmValues {
     VllmValues {
-        running: sum_of(text, "vllm:num_requests_running"),
-        waiting: sum_of(text, "vllm:num_requests_waiting"),
-        generation_tokens_total: sum_of(text, "vllm:generation_tokens_total"),
-        prompt_tokens_total: sum_of(text, "vllm:prompt_tokens_total"),
+        running: sum_of(text, vllm::NUM_REQUESTS_RUNNING.name),
+        waiting: sum_of(text, vllm::NUM_REQUESTS_WAITING.name),
+        generation_tokens_total: sum_of(text, vllm::GENERATION_TOKENS_TOTAL.name),
+        prompt_tokens_total: sum_of(text, vllm::PROMPT_TOKENS_TOTAL.name),
         kv_cache_usage: KV_CACHE_NAMES.iter().find_map(|n| mean_of(text, n)),
-        ttft: histogram_of(text, "vllm:time_to_first_token_seconds"),
+        ttft: histogram_of(text, vllm::TIME_TO_FIRST_TOKEN_SECONDS.name),
     }
 }
 

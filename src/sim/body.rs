@@ -16,7 +16,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::engine::{Ev, Finish, Timings};
 use super::metrics::Stats;
-use super::wire::EventWriter;
+use super::wire_parts::EventWrite;
 use crate::clock::{Clock, NANOS_PER_SEC};
 
 /// An SSE body fed by the engine through a bounded per-request channel.
@@ -26,14 +26,14 @@ use crate::clock::{Clock, NANOS_PER_SEC};
 #[derive(Debug)]
 pub struct SseBody {
     rx: mpsc::Receiver<Ev>,
-    writer: EventWriter,
+    writer: Box<dyn EventWrite>,
     pending: VecDeque<Bytes>,
     finished: bool,
 }
 
 impl SseBody {
     /// A body reading `rx`, formatting with `writer`.
-    pub fn new(rx: mpsc::Receiver<Ev>, mut writer: EventWriter) -> Self {
+    pub fn new(rx: mpsc::Receiver<Ev>, mut writer: Box<dyn EventWrite>) -> Self {
         let mut pending = VecDeque::with_capacity(4);
         writer.start(&mut pending);
         SseBody {
@@ -81,7 +81,7 @@ impl Body for SseBody {
 /// `gap`, on absolute deadlines (one timer per stream; no batching model). Counts into the ground truth.
 #[derive(Debug)]
 pub struct FixedBody {
-    writer: EventWriter,
+    writer: Box<dyn EventWrite>,
     stats: Arc<Stats>,
     sleep: Pin<Box<Sleep>>,
     start: Instant,
@@ -100,7 +100,7 @@ impl FixedBody {
     /// A fixed-pace stream of `events` events for `n` choices; takes `n` running slots until done.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        writer: EventWriter,
+        writer: Box<dyn EventWrite>,
         stats: Arc<Stats>,
         arrival_ns: u64,
         ttft: Duration,

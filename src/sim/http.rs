@@ -11,6 +11,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use tokio::sync::{mpsc, watch};
 
+use super::api::SimApi;
 use super::body::{FixedBody, SseBody};
 use super::config::{ms_to_ns, SimConfig};
 use super::engine::{Ev, Finish, Job};
@@ -18,9 +19,20 @@ use super::metrics::{self, Stats};
 use super::prompt::token_text;
 use super::request::{self, ApiError, GenRequest};
 use super::scheduler::ChannelJob;
-use super::wire::{self, ChoiceOut, EventWriter};
+use super::wire_parts::{Answering, ChoiceOut};
+use super::{wire_messages, wire_openai, wire_responses};
 use crate::clock::{Clock, NANOS_PER_SEC};
 use crate::dialect::Api;
+
+/// How the simulator serves `api` (each declared in the API's wire file).
+pub fn sim_api(api: Api) -> &'static SimApi {
+    match api {
+        Api::Chat => &wire_openai::CHAT,
+        Api::Completions => &wire_openai::COMPLETIONS,
+        Api::Responses => &wire_responses::RESPONSES,
+        Api::Messages => &wire_messages::MESSAGES,
+    }
+}
 
 /// Response body type of every route.
 pub type SimBody = UnsyncBoxBody<Bytes, Infallible>;
@@ -127,7 +139,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<SimBody> 
         "/v1/messages/count_tokens" => count_tokens(app, req).await,
         p => match Api::ALL.into_iter().find(|a| a.path() == p) {
             Some(_) if !post => method_not_allowed("POST"),
-            Some(api) => generate(app, api, req).await,
+            Some(api) => generate(app, api, sim_api(api), req).await,
             None => json(404, r#"{"detail":"Not Found"}"#),
         },
     }
@@ -172,40 +184,46 @@ async fn read_body(app: &App, req: Request<Incoming>) -> Result<(Option<String>,
     }
 }
 
-/// An error in the shape of `endpoint`'s API.
-fn endpoint_error(endpoint: Api, e: ApiError) -> Response<SimBody> {
-    match endpoint {
-        Api::Messages => api_error(request::to_anthropic(e)),
-        _ => api_error(e),
-    }
+/// An error in the shape of `api`'s.
+fn endpoint_error(api: &SimApi, e: ApiError) -> Response<SimBody> {
+    api_error((api.error)(e))
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt estimate; nothing is generated or counted.
 async fn count_tokens(app: Arc<App>, req: Request<Incoming>) -> Response<SimBody> {
     let counted = match read_body(&app, req).await {
-        Ok((ct, body)) => request::count_tokens(ct.as_deref(), &body, &app.cfg),
+        Ok((ct, body)) => wire_messages::count_tokens(ct.as_deref(), &body, &app.cfg),
         Err(e) => Err(e),
     };
     match counted {
-        Ok(n) => json(200, super::wire_messages::count_tokens_body(n)),
-        Err(e) => endpoint_error(Api::Messages, e),
+        Ok(n) => json(200, wire_messages::count_tokens_body(n)),
+        Err(e) => endpoint_error(&wire_messages::MESSAGES, e),
     }
 }
 
-async fn generate(app: Arc<App>, endpoint: Api, req: Request<Incoming>) -> Response<SimBody> {
+async fn generate(
+    app: Arc<App>,
+    endpoint: Api,
+    api: &'static SimApi,
+    req: Request<Incoming>,
+) -> Response<SimBody> {
     let arrival_ns = Clock::global().now();
     let parsed = match read_body(&app, req).await {
-        Ok((ct, body)) => request::parse(endpoint, ct.as_deref(), &body, &app.cfg),
+        Ok((ct, body)) => request::parse(endpoint, &api.request, ct.as_deref(), &body, &app.cfg),
         Err(e) => Err(e),
     };
     let gen = match parsed {
         Ok(g) => g,
-        Err(e) => return endpoint_error(endpoint, e),
+        Err(e) => return endpoint_error(api, e),
     };
-    let created_s = arrival_ns / NANOS_PER_SEC;
-    let model = app.cfg.served_model_name.as_str();
+    let answering = Answering {
+        model: app.cfg.served_model_name.as_str(),
+        created_s: arrival_ns / NANOS_PER_SEC,
+        per_request_metrics: app.cfg.per_request_metrics,
+        stamp: app.cfg.stamp_events,
+    };
     if app.cfg.fixed_pace {
-        return fixed_pace(&app, &gen, arrival_ns, created_s).await;
+        return fixed_pace(&app, api, &gen, arrival_ns, &answering).await;
     }
     // Room for every event the request can produce, so the engine's try_send never finds it full.
     let capacity = (u64::from(gen.n) * gen.max_tokens + 2).min(1 << 40) as usize;
@@ -226,7 +244,7 @@ async fn generate(app: Arc<App>, endpoint: Api, req: Request<Incoming>) -> Respo
             .inflight
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         return endpoint_error(
-            endpoint,
+            api,
             request::error(
                 503,
                 "ServiceUnavailableError",
@@ -236,13 +254,7 @@ async fn generate(app: Arc<App>, endpoint: Api, req: Request<Incoming>) -> Respo
         );
     }
     if gen.stream {
-        let writer = EventWriter::new(
-            &gen,
-            model,
-            created_s,
-            app.cfg.per_request_metrics,
-            app.cfg.stamp_events,
-        );
+        let writer = (api.writer)(&gen, &answering);
         return sse_response(SseBody::new(rx, writer).boxed_unsync());
     }
     // Non-streaming: if the client leaves, hyper drops this future and with it `rx`: the engine aborts.
@@ -271,7 +283,7 @@ async fn generate(app: Arc<App>, endpoint: Api, req: Request<Incoming>) -> Respo
                 let timings = app.cfg.per_request_metrics.then_some(t);
                 return json(
                     200,
-                    wire::full_response(&gen, model, created_s, &outs, timings.as_ref()),
+                    (api.full_response)(&gen, &answering, &outs, timings.as_ref()),
                 );
             }
         }
@@ -298,22 +310,16 @@ fn sse_response(body: SimBody) -> Response<SimBody> {
 
 async fn fixed_pace(
     app: &App,
+    api: &SimApi,
     gen: &GenRequest,
     arrival_ns: u64,
-    created_s: u64,
+    answering: &Answering<'_>,
 ) -> Response<SimBody> {
     let ttft = Duration::from_nanos(ms_to_ns(app.cfg.fixed_ttft_ms));
     let gap = Duration::from_nanos(ms_to_ns(app.cfg.fixed_gap_ms));
-    let model = app.cfg.served_model_name.as_str();
     let stats = Arc::clone(&app.stats);
     if gen.stream {
-        let writer = EventWriter::new(
-            gen,
-            model,
-            created_s,
-            app.cfg.per_request_metrics,
-            app.cfg.stamp_events,
-        );
+        let writer = (api.writer)(gen, answering);
         let body = FixedBody::new(
             writer,
             stats,
@@ -358,7 +364,7 @@ async fn fixed_pace(
             finish: Finish::Length,
         })
         .collect();
-    json(200, wire::full_response(gen, model, created_s, &outs, None))
+    json(200, (api.full_response)(gen, answering, &outs, None))
 }
 
 /// Keeps the running gauge right for a non-streaming fixed-pace request, aborted or not.

@@ -1,10 +1,11 @@
-//! Ground-truth counters, vLLM-named histograms, the per-second token ring and the Prometheus text.
+//! Ground-truth counters, vLLM-named histograms, the per-second token ring and the Prometheus text
+//! (vLLM's series, declared in [`crate::exposition::vllm`]).
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use crate::exposition::{escape_label, header, ITL_BUCKETS, REQUEST_BUCKETS, TTFT_BUCKETS};
+use crate::exposition::vllm::{self, FINISHED_REASONS};
+use crate::exposition::{Metric, Style, Text};
 
 /// A cumulative-on-render histogram in seconds.
 #[derive(Debug, Clone)]
@@ -47,9 +48,6 @@ impl Histogram {
     }
 }
 
-/// Finish reasons as vLLM labels them in `vllm:request_success_total`.
-pub const FINISH_LABELS: [&str; 5] = ["stop", "length", "abort", "error", "repetition"];
-
 /// Everything behind a lock that the engine updates once per step (never per token).
 #[derive(Debug)]
 pub struct Locked {
@@ -61,7 +59,7 @@ pub struct Locked {
     pub e2e: Histogram,
     /// `vllm:request_queue_time_seconds`: arrival → start of the step that admitted it.
     pub queue: Histogram,
-    /// Finished requests by [`FINISH_LABELS`] index.
+    /// Finished requests by [`FINISHED_REASONS`] index.
     pub finished_by_reason: [u64; 5],
 }
 
@@ -120,10 +118,10 @@ impl Stats {
             resyncs: z(),
             slip_ns: z(),
             locked: Mutex::new(Locked {
-                ttft: Histogram::new(TTFT_BUCKETS),
-                itl: Histogram::new(&ITL_BUCKETS),
-                e2e: Histogram::new(REQUEST_BUCKETS),
-                queue: Histogram::new(REQUEST_BUCKETS),
+                ttft: Histogram::new(vllm::TIME_TO_FIRST_TOKEN_SECONDS.buckets),
+                itl: Histogram::new(vllm::INTER_TOKEN_LATENCY_SECONDS.buckets),
+                e2e: Histogram::new(vllm::E2E_REQUEST_LATENCY_SECONDS.buckets),
+                queue: Histogram::new(vllm::REQUEST_QUEUE_TIME_SECONDS.buckets),
                 finished_by_reason: [0; 5],
             }),
             ring: (0..window_s.max(1))
@@ -195,114 +193,46 @@ impl Stats {
 /// Renders `/metrics` in Prometheus text format with vLLM's names, help texts and labels.
 pub fn render(stats: &Stats, model: &str, kv_capacity: u64) -> String {
     let mut out = String::with_capacity(8192);
-    let labels = format!("engine=\"0\",model_name=\"{}\"", escape_label(model));
-    let g = |out: &mut String, name: &str, help: &str, kind: &str, v: f64| {
-        header(out, name, kind, help);
-        let _ = writeln!(out, "{name}{{{labels}}} {}", fmt_f(v));
-    };
-    g(
-        &mut out,
-        "vllm:num_requests_running",
-        "Number of requests in model execution batches.",
-        "gauge",
-        stats.running.load(Relaxed) as f64,
-    );
-    g(
-        &mut out,
-        "vllm:num_requests_waiting",
-        "Number of requests waiting to be processed.",
-        "gauge",
-        stats.waiting_total() as f64,
-    );
+    let mut w = Text::new(&mut out, Style::Python);
+    let labels = ["0", model];
     let kv = stats.kv_tokens.load(Relaxed) as f64 / kv_capacity.max(1) as f64;
-    g(
-        &mut out,
-        "vllm:kv_cache_usage_perc",
-        "KV-cache usage. 1 means 100 percent usage.",
-        "gauge",
-        kv.min(1.0),
-    );
-    g(
-        &mut out,
-        "vllm:prompt_tokens_total",
-        "Number of prefill tokens processed.",
-        "counter",
-        stats.prompt_tokens_total.load(Relaxed) as f64,
-    );
-    g(
-        &mut out,
-        "vllm:generation_tokens_total",
-        "Number of generation tokens processed.",
-        "counter",
-        stats.generation_tokens_total.load(Relaxed) as f64,
-    );
-    let l = stats.lock();
-    header(
-        &mut out,
-        "vllm:request_success_total",
-        "counter",
-        "Count of successfully processed requests.",
-    );
-    for (i, reason) in FINISH_LABELS.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "vllm:request_success_total{{engine=\"0\",finished_reason=\"{reason}\",model_name=\"{}\"}} {}",
-            escape_label(model),
-            fmt_f(l.finished_by_reason[i] as f64)
-        );
-    }
-    let hists: [(&str, &str, &Histogram); 4] = [
+    let levels: [(&Metric, f64); 5] = [
         (
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            &l.ttft,
+            &vllm::NUM_REQUESTS_RUNNING,
+            stats.running.load(Relaxed) as f64,
+        ),
+        (&vllm::NUM_REQUESTS_WAITING, stats.waiting_total() as f64),
+        (&vllm::KV_CACHE_USAGE_PERC, kv.min(1.0)),
+        (
+            &vllm::PROMPT_TOKENS_TOTAL,
+            stats.prompt_tokens_total.load(Relaxed) as f64,
         ),
         (
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            &l.itl,
-        ),
-        (
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            &l.e2e,
-        ),
-        (
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            &l.queue,
+            &vllm::GENERATION_TOKENS_TOTAL,
+            stats.generation_tokens_total.load(Relaxed) as f64,
         ),
     ];
-    for (name, help, h) in hists {
-        header(&mut out, name, "histogram", help);
-        let mut cum = 0;
-        for (i, c) in h.counts.iter().enumerate() {
-            cum += c;
-            let le = h
-                .bounds
-                .get(i)
-                .map(|b| fmt_f(*b))
-                .unwrap_or_else(|| "+Inf".to_string());
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{engine=\"0\",le=\"{le}\",model_name=\"{}\"}} {}",
-                escape_label(model),
-                fmt_f(cum as f64)
-            );
-        }
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}", fmt_f(h.count as f64));
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_s);
+    for (m, v) in levels {
+        w.header(m);
+        w.sample(m, labels, v);
     }
+    let l = stats.lock();
+    let m = &vllm::REQUEST_SUCCESS_TOTAL;
+    w.header(m);
+    for (reason, n) in FINISHED_REASONS.iter().zip(l.finished_by_reason) {
+        w.sample(m, ["0", reason, model], n);
+    }
+    for (m, h) in [
+        (&vllm::TIME_TO_FIRST_TOKEN_SECONDS, &l.ttft),
+        (&vllm::INTER_TOKEN_LATENCY_SECONDS, &l.itl),
+        (&vllm::E2E_REQUEST_LATENCY_SECONDS, &l.e2e),
+        (&vllm::REQUEST_QUEUE_TIME_SECONDS, &l.queue),
+    ] {
+        w.header(m);
+        w.histogram(m, labels, &h.counts, h.count, h.sum_s);
+    }
+    drop(l);
     out
-}
-
-/// Formats like Python's float repr for the values we emit (`8.0`, `0.25`, `1e-05` is never needed).
-fn fmt_f(v: f64) -> String {
-    if v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{v:.1}")
-    } else {
-        format!("{v}")
-    }
 }
 
 #[cfg(test)]

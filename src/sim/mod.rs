@@ -3,6 +3,7 @@
 //! Its token counts are exact ground truth: [`SimHandle::counters`] and
 //! [`SimHandle::generated_tokens_in`] say precisely what was generated, and when.
 
+pub mod api;
 pub mod body;
 pub mod config;
 pub mod engine;
@@ -13,8 +14,8 @@ pub mod request;
 pub mod scheduler;
 pub mod statslog;
 pub mod tools;
-pub mod wire;
 pub mod wire_messages;
+pub mod wire_openai;
 pub mod wire_parts;
 pub mod wire_responses;
 

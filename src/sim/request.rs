@@ -8,6 +8,36 @@ use super::config::SimConfig;
 use super::prompt;
 use super::tools::{self, ForcedTool, ToolShape};
 
+/// A request's prompt: its texts and their token estimate, or vLLM's error for the body.
+pub type PromptReader = fn(&Map<String, Value>) -> Result<(Vec<String>, u64), ApiError>;
+
+/// What an answer echoes of its request.
+pub type EchoReader = fn(&Map<String, Value>) -> ResponsesEcho;
+
+/// How vLLM reads one API's generation requests where the APIs differ; each API's wire file
+/// declares its rules (in its [`super::api::SimApi`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestRules {
+    /// Reads the prompt.
+    pub prompt: PromptReader,
+    /// Takes OpenAI's `n` and `stream_options` (the others answer one choice, and their
+    /// streams carry usage unasked).
+    pub openai_options: bool,
+    /// Refuses a request without `max_tokens` (Anthropic's required member).
+    pub requires_max_tokens: bool,
+    /// Refuses a conversation without messages (chat's template needs one).
+    pub refuses_empty_conversation: bool,
+    /// The members read as the output limit, first present wins.
+    pub max_tokens: &'static [&'static str],
+    /// The name vLLM's errors give the output limit (Messages are turned into chat requests
+    /// and report the chat member).
+    pub max_tokens_label: &'static str,
+    /// Where a forced tool is read from, for the APIs whose answers call tools.
+    pub tools: Option<ToolShape>,
+    /// What the answer echoes of the request (Responses).
+    pub echo: Option<EchoReader>,
+}
+
 /// What a Responses answer echoes of its request (the `response` object's request fields).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResponsesEcho {
@@ -83,18 +113,18 @@ pub fn to_anthropic(e: ApiError) -> ApiError {
     }
 }
 
-fn bad(message: &str, param: Option<&str>) -> ApiError {
+pub(super) fn bad(message: &str, param: Option<&str>) -> ApiError {
     error(400, "BadRequestError", message, param)
 }
 
 /// A pydantic-style validation error (type "Bad Request").
-fn validation(kind: &str, loc: &str, msg: &str, input: &str, ctx: &str) -> ApiError {
+pub(super) fn validation(kind: &str, loc: &str, msg: &str, input: &str, ctx: &str) -> ApiError {
     let message = format!("1 validation error:\n  {{'type': '{kind}', 'loc': '{loc}', 'msg': '{msg}', 'input': {input}{ctx}}}");
     error(400, "Bad Request", &message, Some(loc))
 }
 
 /// Python-repr-like rendering of a JSON value for validation messages.
-fn py_repr(v: &Value) -> String {
+pub(super) fn py_repr(v: &Value) -> String {
     match v {
         Value::String(s) => format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'")),
         Value::Null => "None".to_string(),
@@ -121,7 +151,10 @@ fn json_error_pos(body: &[u8], e: &serde_json::Error) -> usize {
 }
 
 /// The body as a JSON object, or vLLM's 400 for a wrong content type, bad JSON or a non-object.
-fn json_object(content_type: Option<&str>, body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+pub(super) fn json_object(
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<Map<String, Value>, ApiError> {
     if !is_json_content_type(content_type) {
         return Err(error(
             400,
@@ -158,19 +191,15 @@ fn json_object(content_type: Option<&str>, body: &[u8]) -> Result<Map<String, Va
 /// Parses and validates a generation request body against `cfg`, in vLLM's order of checks.
 pub fn parse(
     endpoint: Api,
+    rules: &RequestRules,
     content_type: Option<&str>,
     body: &[u8],
     cfg: &SimConfig,
 ) -> Result<GenRequest, ApiError> {
     let owned = json_object(content_type, body)?;
     let obj = &owned;
-    let (texts, prompt_tokens) = match endpoint {
-        Api::Chat => chat_prompt(obj)?,
-        Api::Completions => completion_prompt(obj)?,
-        Api::Responses => responses_prompt(obj)?,
-        Api::Messages => messages_prompt(obj)?,
-    };
-    let openai = matches!(endpoint, Api::Chat | Api::Completions);
+    let (texts, prompt_tokens) = (rules.prompt)(obj)?;
+    let openai = rules.openai_options;
     let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
     // Responses and Messages streams always carry usage: they take no stream_options.
     let opts = obj.get("stream_options").filter(|o| openai && !o.is_null());
@@ -189,10 +218,10 @@ pub fn parse(
     let continuous_usage = include_usage && flag("continuous_usage_stats");
 
     check_model(obj, cfg)?;
-    if endpoint == Api::Messages && !obj.contains_key("max_tokens") {
+    if rules.requires_max_tokens && !obj.contains_key("max_tokens") {
         return Err(missing(obj, "max_tokens"));
     }
-    if endpoint == Api::Chat && texts.is_empty() {
+    if rules.refuses_empty_conversation && texts.is_empty() {
         return Err(bad(
             "Cannot apply chat template to an empty conversation. Provide at least one message.",
             None,
@@ -216,14 +245,9 @@ pub fn parse(
         );
         return Err(bad(&msg, Some("n")));
     }
-    // The request field of the output limit, and the name vLLM's messages give it.
-    let (fields, label): (&[&str], &str) = match endpoint {
-        Api::Chat | Api::Completions => (&["max_completion_tokens", "max_tokens"], "max_tokens"),
-        Api::Responses => (&["max_output_tokens"], "max_output_tokens"),
-        // vLLM turns a Messages request into a chat request and reports the chat field.
-        Api::Messages => (&["max_tokens"], "max_completion_tokens"),
-    };
-    let max_field = fields
+    let label = rules.max_tokens_label;
+    let max_field = rules
+        .max_tokens
         .iter()
         .find_map(|k| obj.get(*k).filter(|v| !v.is_null()));
     let requested = match max_field {
@@ -287,16 +311,8 @@ pub fn parse(
     let stop_after = (0..n as u32)
         .map(|c| prompt::stop_after_tokens(hash, seed, c, p))
         .collect();
-    let tool = tools::forced(
-        obj,
-        match endpoint {
-            Api::Responses => ToolShape::Responses,
-            Api::Messages => ToolShape::Messages,
-            _ => ToolShape::Chat,
-        },
-    )
-    .filter(|_| endpoint != Api::Completions);
-    let echo = (endpoint == Api::Responses).then(|| Box::new(responses_echo(obj)));
+    let tool = rules.tools.and_then(|shape| tools::forced(obj, shape));
+    let echo = rules.echo.map(|read| Box::new(read(obj)));
     Ok(GenRequest {
         endpoint,
         stream,
@@ -312,7 +328,7 @@ pub fn parse(
 }
 
 /// 404 unless `model` is absent, null or the served name.
-fn check_model(obj: &Map<String, Value>, cfg: &SimConfig) -> Result<(), ApiError> {
+pub(super) fn check_model(obj: &Map<String, Value>, cfg: &SimConfig) -> Result<(), ApiError> {
     match obj.get("model") {
         None | Some(Value::Null) => Ok(()),
         Some(Value::String(m)) if *m == cfg.served_model_name => Ok(()),
@@ -330,55 +346,7 @@ fn check_model(obj: &Map<String, Value>, cfg: &SimConfig) -> Result<(), ApiError
     }
 }
 
-/// `POST /v1/messages/count_tokens`: the prompt-token estimate of a Messages request, without
-/// generating anything. Errors in the OpenAI shape (the caller converts them).
-pub fn count_tokens(
-    content_type: Option<&str>,
-    body: &[u8],
-    cfg: &SimConfig,
-) -> Result<u64, ApiError> {
-    let obj = json_object(content_type, body)?;
-    let (_, tokens) = messages_prompt(&obj)?;
-    check_model(&obj, cfg)?;
-    Ok(tokens)
-}
-
-fn responses_echo(obj: &Map<String, Value>) -> ResponsesEcho {
-    let f = |k: &str| obj.get(k).and_then(Value::as_f64).unwrap_or(1.0);
-    let tools: Vec<Value> = obj
-        .get("tools")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .map(|t| {
-                    serde_json::json!({
-                        "name": t.get("name"), "parameters": t.get("parameters"),
-                        "strict": t.get("strict"), "type": t.get("type").cloned().unwrap_or("function".into()),
-                        "allowed_callers": null, "async": null, "defer_loading": null,
-                        "description": t.get("description"), "output_schema": null
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let tool_choice = match obj.get("tool_choice") {
-        _ if tools.is_empty() => Value::from("none"),
-        None | Some(Value::Null) => Value::from("auto"),
-        Some(c) => c.clone(),
-    };
-    ResponsesEcho {
-        instructions: obj
-            .get("instructions")
-            .and_then(Value::as_str)
-            .map(str::to_string),
-        temperature: f("temperature"),
-        top_p: f("top_p"),
-        tool_choice: tool_choice.to_string(),
-        tools: Value::Array(tools).to_string(),
-    }
-}
-
-fn missing(obj: &Map<String, Value>, field: &str) -> ApiError {
+pub(super) fn missing(obj: &Map<String, Value>, field: &str) -> ApiError {
     let input = format!("'<dict of {} items>'", obj.len());
     validation(
         "missing",
@@ -389,58 +357,9 @@ fn missing(obj: &Map<String, Value>, field: &str) -> ApiError {
     )
 }
 
-/// Message texts and the chat prompt-token estimate.
-fn chat_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError> {
-    let msgs = match obj.get("messages") {
-        None => return Err(missing(obj, "messages")),
-        Some(Value::Array(a)) => a,
-        Some(other) => {
-            return Err(validation(
-                "list_type",
-                "body.messages",
-                "Input should be a valid list",
-                &py_repr(other),
-                "",
-            ))
-        }
-    };
-    let mut texts = Vec::with_capacity(msgs.len());
-    for m in msgs {
-        let text = match m.get("content") {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect::<String>(),
-            _ => String::new(),
-        };
-        texts.push(text);
-    }
-    let tokens = prompt::chat_prompt_tokens(texts.iter().map(String::as_str));
-    Ok((texts, tokens))
-}
-
-/// Prompt text and the completions prompt-token estimate: a string, a one-string array, or an
-/// array of token ids (counted as they are).
-fn completion_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError> {
-    match obj.get("prompt") {
-        None => Err(missing(obj, "prompt")),
-        Some(Value::String(s)) => Ok((vec![s.clone()], prompt::completion_prompt_tokens(s))),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-            let s = a[0].as_str().unwrap_or_default().to_string();
-            let t = prompt::completion_prompt_tokens(&s);
-            Ok((vec![s], t))
-        }
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-            Ok((vec![Value::Array(a.clone()).to_string()], a.len() as u64))
-        }
-        Some(_) => Err(bad("The simulator accepts one prompt per request: a string, a one-string list or a list of token ids.", Some("prompt"))),
-    }
-}
-
 /// The text of a content value: a string, or the concatenated `text` of its parts (Anthropic
 /// `tool_result` parts count their own content, `tool_use` parts their input).
-fn content_text(v: Option<&Value>) -> String {
+pub(super) fn content_text(v: Option<&Value>) -> String {
     match v {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts
@@ -453,66 +372,4 @@ fn content_text(v: Option<&Value>) -> String {
             .collect(),
         _ => String::new(),
     }
-}
-
-/// Responses: `instructions` (one message) and each `input` item (a string input is one user
-/// message; an item's text is its `content`, a call's `arguments` or a call output's `output`),
-/// estimated like chat messages.
-fn responses_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError> {
-    let mut texts = Vec::new();
-    if let Some(i) = obj.get("instructions").and_then(Value::as_str) {
-        texts.push(i.to_string());
-    }
-    match obj.get("input") {
-        None => return Err(missing(obj, "input")),
-        Some(Value::String(s)) => texts.push(s.clone()),
-        Some(Value::Array(items)) => {
-            for it in items {
-                let text = match (it.get("content"), it.get("arguments"), it.get("output")) {
-                    (Some(c), _, _) => content_text(Some(c)),
-                    (None, Some(a), _) | (None, None, Some(a)) => a
-                        .as_str()
-                        .map(str::to_string)
-                        .unwrap_or_else(|| a.to_string()),
-                    _ => String::new(),
-                };
-                texts.push(text);
-            }
-        }
-        Some(other) => {
-            return Err(validation(
-                "list_type",
-                "body.input",
-                "Input should be a valid list",
-                &py_repr(other),
-                "",
-            ))
-        }
-    }
-    let tokens = prompt::chat_prompt_tokens(texts.iter().map(String::as_str));
-    Ok((texts, tokens))
-}
-
-/// Messages: `system` (a string or text blocks, one message) and each message, estimated like chat
-/// messages.
-fn messages_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError> {
-    let mut texts = Vec::new();
-    if let Some(s) = obj.get("system").filter(|s| !s.is_null()) {
-        texts.push(content_text(Some(s)));
-    }
-    match obj.get("messages") {
-        None => return Err(missing(obj, "messages")),
-        Some(Value::Array(a)) => texts.extend(a.iter().map(|m| content_text(m.get("content")))),
-        Some(other) => {
-            return Err(validation(
-                "list_type",
-                "body.messages",
-                "Input should be a valid list",
-                &py_repr(other),
-                "",
-            ))
-        }
-    }
-    let tokens = prompt::chat_prompt_tokens(texts.iter().map(String::as_str));
-    Ok((texts, tokens))
 }

@@ -10,12 +10,41 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use super::engine::Finish;
-use super::prompt::token_text;
-use super::request::GenRequest;
-use super::tools::ForcedTool;
-use super::wire_parts::{json_str, new_id, prefixed, typed_event, ChoiceOut};
+use serde_json::{Map, Value};
+
+use super::api::SimApi;
+use super::config::SimConfig;
+use super::engine::{Finish, Timings};
+use super::prompt::{self, token_text};
+use super::request::{
+    check_model, content_text, json_object, missing, py_repr, to_anthropic, validation, ApiError,
+    GenRequest, RequestRules,
+};
+use super::tools::{ForcedTool, ToolShape};
+use super::wire_parts::{json_str, prefixed, typed_event, Answering, ChoiceOut, EventWrite};
 use super::wire_responses::text_of;
+
+/// The Messages API. vLLM turns a Messages request into a chat request, so it reports the
+/// output limit as chat's `max_completion_tokens`, and answers with ids of chat's form.
+pub const MESSAGES: SimApi = SimApi {
+    request: RequestRules {
+        prompt: messages_prompt,
+        openai_options: false,
+        requires_max_tokens: true,
+        refuses_empty_conversation: false,
+        max_tokens: &["max_tokens"],
+        max_tokens_label: "max_completion_tokens",
+        tools: Some(ToolShape::Messages),
+        echo: None,
+    },
+    writer,
+    full_response: |req, a, choices, _| full_response(req, a.model, &choices[0]),
+    error: to_anthropic,
+};
+
+fn writer(req: &GenRequest, a: &Answering<'_>) -> Box<dyn EventWrite> {
+    Box::new(MessagesWriter::new(req, a.model))
+}
 
 /// Anthropic's `stop_reason` for how a sequence ended.
 fn stop_reason(finish: Finish, tool: bool) -> &'static str {
@@ -41,7 +70,7 @@ impl MessagesWriter {
     /// A writer for `req`, answering as `model`.
     pub fn new(req: &GenRequest, model: &str) -> Self {
         MessagesWriter {
-            id: new_id(req.endpoint),
+            id: prefixed("chatcmpl-"),
             model: json_str(model),
             prompt_tokens: req.prompt_tokens,
             tool: req.tool.clone(),
@@ -56,7 +85,7 @@ impl MessagesWriter {
     }
 
     /// The events of one token.
-    pub fn token(&mut self, finish: Option<Finish>, out: &mut VecDeque<Bytes>) {
+    fn token_events(&mut self, finish: Option<Finish>, out: &mut VecDeque<Bytes>) {
         let index = self.tokens;
         self.tokens += 1;
         if let Some(f) = finish {
@@ -98,7 +127,7 @@ impl MessagesWriter {
     }
 
     /// `content_block_stop`, `message_delta` with the usage, `message_stop`.
-    pub fn done(&mut self, out: &mut VecDeque<Bytes>) {
+    fn done_events(&mut self, out: &mut VecDeque<Bytes>) {
         out.push_back(typed_event(
             "content_block_stop",
             "{\"type\":\"content_block_stop\",\"index\":0}",
@@ -111,6 +140,17 @@ impl MessagesWriter {
         );
         out.push_back(typed_event("message_delta", &json));
         out.push_back(typed_event("message_stop", "{\"type\":\"message_stop\"}"));
+    }
+}
+
+/// One choice only: the Messages API has no `n`.
+impl EventWrite for MessagesWriter {
+    fn token(&mut self, _choice: u32, finish: Option<Finish>, out: &mut VecDeque<Bytes>) {
+        self.token_events(finish, out);
+    }
+
+    fn done(&mut self, _timings: Option<&Timings>, out: &mut VecDeque<Bytes>) {
+        self.done_events(out);
     }
 }
 
@@ -133,7 +173,7 @@ pub fn full_response(req: &GenRequest, model: &str, out: &ChoiceOut) -> String {
     };
     format!(
         "{{\"id\":\"{}\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[{content}],\"model\":{},\"stop_reason\":\"{}\",\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}}}}}",
-        new_id(req.endpoint),
+        prefixed("chatcmpl-"),
         json_str(model),
         stop_reason(out.finish, req.tool.is_some()),
         req.prompt_tokens,
@@ -144,4 +184,41 @@ pub fn full_response(req: &GenRequest, model: &str, out: &ChoiceOut) -> String {
 /// The `count_tokens` answer for `tokens` prompt tokens.
 pub fn count_tokens_body(tokens: u64) -> String {
     format!("{{\"input_tokens\":{tokens},\"context_management\":{{\"original_input_tokens\":{tokens}}}}}")
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt-token estimate of a Messages request, without
+/// generating anything. Errors in the OpenAI shape (the caller converts them).
+pub fn count_tokens(
+    content_type: Option<&str>,
+    body: &[u8],
+    cfg: &SimConfig,
+) -> Result<u64, ApiError> {
+    let obj = json_object(content_type, body)?;
+    let (_, tokens) = messages_prompt(&obj)?;
+    check_model(&obj, cfg)?;
+    Ok(tokens)
+}
+
+/// Messages: `system` (a string or text blocks, one message) and each message, estimated like chat
+/// messages.
+fn messages_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError> {
+    let mut texts = Vec::new();
+    if let Some(s) = obj.get("system").filter(|s| !s.is_null()) {
+        texts.push(content_text(Some(s)));
+    }
+    match obj.get("messages") {
+        None => return Err(missing(obj, "messages")),
+        Some(Value::Array(a)) => texts.extend(a.iter().map(|m| content_text(m.get("content")))),
+        Some(other) => {
+            return Err(validation(
+                "list_type",
+                "body.messages",
+                "Input should be a valid list",
+                &py_repr(other),
+                "",
+            ))
+        }
+    }
+    let tokens = prompt::chat_prompt_tokens(texts.iter().map(String::as_str));
+    Ok((texts, tokens))
 }

@@ -1,20 +1,36 @@
-//! The pieces every API's wire writer shares (ids, typed events, JSON strings, a finished
-//! choice): a leaf, so `wire.rs` can dispatch to the per-API writers without them importing it
-//! back.
+//! The pieces every API's wire writer shares (the writer's interface, ids, typed events, JSON
+//! strings, a finished choice): a leaf, which the per-API wire files build on.
+
+use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use super::engine::Finish;
-use crate::dialect::Api;
+use super::engine::{Finish, Timings};
 
-/// A fresh response id: `chatcmpl-<16 hex>` (chat and, as vLLM, Messages), `cmpl-<16 hex>` or
-/// `resp_<16 hex>`.
-pub fn new_id(endpoint: Api) -> String {
-    match endpoint {
-        Api::Chat | Api::Messages => prefixed("chatcmpl-"),
-        Api::Completions => prefixed("cmpl-"),
-        Api::Responses => prefixed("resp_"),
-    }
+/// The events of one streamed answer, in its API's shape.
+pub trait EventWrite: Send + std::fmt::Debug {
+    /// The events sent as soon as the request is accepted, before any token (Responses'
+    /// `response.created` and `response.in_progress`; nothing for the others).
+    fn start(&mut self, _out: &mut VecDeque<Bytes>) {}
+
+    /// The events for one token of `choice`.
+    fn token(&mut self, choice: u32, finish: Option<Finish>, out: &mut VecDeque<Bytes>);
+
+    /// The closing events (`timings`: the request's, when per-request metrics are on).
+    fn done(&mut self, timings: Option<&Timings>, out: &mut VecDeque<Bytes>);
+}
+
+/// Who answers and how: what every answer of one request shares.
+#[derive(Debug, Clone, Copy)]
+pub struct Answering<'a> {
+    /// The served model's name.
+    pub model: &'a str,
+    /// The answer's `created`, Unix seconds.
+    pub created_s: u64,
+    /// Attach vLLM's per-request `metrics` (chat and completions).
+    pub per_request_metrics: bool,
+    /// Stamp each event with `tm_sent_ns` (CLOCK_MONOTONIC when it was built).
+    pub stamp: bool,
 }
 
 /// `prefix` followed by 16 random hex digits (vLLM's id form).

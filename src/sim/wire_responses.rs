@@ -12,11 +12,33 @@ use std::fmt::Write as _;
 
 use bytes::Bytes;
 
-use super::engine::Finish;
-use super::prompt::token_text;
-use super::request::{GenRequest, ResponsesEcho};
-use super::tools::ForcedTool;
-use super::wire_parts::{json_str, new_id, prefixed, typed_event, ChoiceOut};
+use serde_json::{Map, Value};
+
+use super::api::SimApi;
+use super::engine::{Finish, Timings};
+use super::prompt::{self, token_text};
+use super::request::{
+    content_text, missing, py_repr, validation, ApiError, GenRequest, RequestRules, ResponsesEcho,
+};
+use super::tools::{ForcedTool, ToolShape};
+use super::wire_parts::{json_str, prefixed, typed_event, ChoiceOut, EventWrite};
+
+/// The Responses API.
+pub const RESPONSES: SimApi = SimApi {
+    request: RequestRules {
+        prompt: responses_prompt,
+        openai_options: false,
+        requires_max_tokens: false,
+        refuses_empty_conversation: false,
+        max_tokens: &["max_output_tokens"],
+        max_tokens_label: "max_output_tokens",
+        tools: Some(ToolShape::Responses),
+        echo: Some(responses_echo),
+    },
+    writer: |req, a| Box::new(ResponsesWriter::new(req, a.model, a.created_s)),
+    full_response: |req, a, choices, _| full_response(req, a.model, a.created_s, &choices[0]),
+    error: std::convert::identity,
+};
 
 /// The text of `tokens` tokens ending with `finish` (an end-of-sequence token writes nothing).
 pub fn text_of(tokens: u64, finish: Finish) -> String {
@@ -44,7 +66,7 @@ impl Head {
     fn new(req: &GenRequest, model: &str, created_s: u64) -> Self {
         let tool = req.tool.clone();
         Head {
-            id: new_id(req.endpoint),
+            id: prefixed("resp_"),
             created_s,
             model: json_str(model),
             echo: req.echo.as_deref().cloned().unwrap_or(ResponsesEcho {
@@ -156,7 +178,7 @@ impl ResponsesWriter {
     }
 
     /// `response.created` and `response.in_progress`.
-    pub fn start(&mut self, out: &mut VecDeque<Bytes>) {
+    fn start_events(&mut self, out: &mut VecDeque<Bytes>) {
         for name in ["response.created", "response.in_progress"] {
             let json = format!(
                 "{{\"response\":{},\"sequence_number\":{},\"type\":\"{name}\"}}",
@@ -168,7 +190,7 @@ impl ResponsesWriter {
     }
 
     /// The events of one token.
-    pub fn token(&mut self, finish: Option<Finish>, out: &mut VecDeque<Bytes>) {
+    fn token_events(&mut self, finish: Option<Finish>, out: &mut VecDeque<Bytes>) {
         let index = self.tokens;
         self.tokens += 1;
         if let Some(f) = finish {
@@ -220,7 +242,7 @@ impl ResponsesWriter {
     }
 
     /// The `.done` events and `response.completed`.
-    pub fn done(&mut self, out: &mut VecDeque<Bytes>) {
+    fn done_events(&mut self, out: &mut VecDeque<Bytes>) {
         let (tokens, finish) = (self.tokens, self.finish);
         let id = self.head.item_id.clone();
         match &self.head.tool {
@@ -264,7 +286,96 @@ impl ResponsesWriter {
     }
 }
 
+/// One choice only: the Responses API has no `n`.
+impl EventWrite for ResponsesWriter {
+    fn start(&mut self, out: &mut VecDeque<Bytes>) {
+        self.start_events(out);
+    }
+
+    fn token(&mut self, _choice: u32, finish: Option<Finish>, out: &mut VecDeque<Bytes>) {
+        self.token_events(finish, out);
+    }
+
+    fn done(&mut self, _timings: Option<&Timings>, out: &mut VecDeque<Bytes>) {
+        self.done_events(out);
+    }
+}
+
 /// The non-streamed Responses answer: the finished `response` object.
 pub fn full_response(req: &GenRequest, model: &str, created_s: u64, out: &ChoiceOut) -> String {
     Head::new(req, model, created_s).response(Some((out.tokens, out.finish)))
+}
+
+/// Responses: `instructions` (one message) and each `input` item (a string input is one user
+/// message; an item's text is its `content`, a call's `arguments` or a call output's `output`),
+/// estimated like chat messages.
+fn responses_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError> {
+    let mut texts = Vec::new();
+    if let Some(i) = obj.get("instructions").and_then(Value::as_str) {
+        texts.push(i.to_string());
+    }
+    match obj.get("input") {
+        None => return Err(missing(obj, "input")),
+        Some(Value::String(s)) => texts.push(s.clone()),
+        Some(Value::Array(items)) => {
+            for it in items {
+                let text = match (it.get("content"), it.get("arguments"), it.get("output")) {
+                    (Some(c), _, _) => content_text(Some(c)),
+                    (None, Some(a), _) | (None, None, Some(a)) => a
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| a.to_string()),
+                    _ => String::new(),
+                };
+                texts.push(text);
+            }
+        }
+        Some(other) => {
+            return Err(validation(
+                "list_type",
+                "body.input",
+                "Input should be a valid list",
+                &py_repr(other),
+                "",
+            ))
+        }
+    }
+    let tokens = prompt::chat_prompt_tokens(texts.iter().map(String::as_str));
+    Ok((texts, tokens))
+}
+
+/// What a Responses answer echoes of its request.
+fn responses_echo(obj: &Map<String, Value>) -> ResponsesEcho {
+    let f = |k: &str| obj.get(k).and_then(Value::as_f64).unwrap_or(1.0);
+    let tools: Vec<Value> = obj
+        .get("tools")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|t| {
+                    serde_json::json!({
+                        "name": t.get("name"), "parameters": t.get("parameters"),
+                        "strict": t.get("strict"), "type": t.get("type").cloned().unwrap_or("function".into()),
+                        "allowed_callers": null, "async": null, "defer_loading": null,
+                        "description": t.get("description"), "output_schema": null
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let tool_choice = match obj.get("tool_choice") {
+        _ if tools.is_empty() => Value::from("none"),
+        None | Some(Value::Null) => Value::from("auto"),
+        Some(c) => c.clone(),
+    };
+    ResponsesEcho {
+        instructions: obj
+            .get("instructions")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        temperature: f("temperature"),
+        top_p: f("top_p"),
+        tool_choice: tool_choice.to_string(),
+        tools: Value::Array(tools).to_string(),
+    }
 }

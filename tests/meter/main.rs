@@ -11,6 +11,7 @@
 mod common;
 mod meter_support;
 
+mod exposition_names;
 mod meter_coalescing;
 mod meter_http;
 mod meter_levels;

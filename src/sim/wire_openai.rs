@@ -1,80 +1,66 @@
-//! vLLM 0.32's response bodies: SSE events for streams and the non-streaming JSON objects.
+//! OpenAI chat completions and text completions (`POST /v1/chat/completions`,
+//! `POST /v1/completions`) as vLLM 0.32 reads and answers them: their [`SimApi`]s, the prompt
+//! readers, the SSE events of a stream and the non-streaming JSON objects.
 
 use std::collections::VecDeque;
 
 use bytes::Bytes;
+use serde_json::{Map, Value};
 
+use super::api::SimApi;
 use super::engine::{Finish, Timings};
-use super::prompt::token_text;
-use super::request::GenRequest;
-use super::tools::ForcedTool;
-pub use super::wire_parts::{json_str, new_id, prefixed, typed_event, ChoiceOut};
-use super::{wire_messages, wire_responses};
+use super::prompt::{self, token_text};
+use super::request::{bad, missing, py_repr, validation, ApiError, GenRequest, RequestRules};
+use super::tools::{ForcedTool, ToolShape};
+pub use super::wire_parts::{json_str, prefixed, typed_event, ChoiceOut};
+use super::wire_parts::{Answering, EventWrite};
 use crate::dialect::Api;
 
 /// `system_fingerprint` the simulator reports.
 pub const SYSTEM_FINGERPRINT: &str = "vllm-0.32.0-sim";
 
-/// The events of one streamed response, whatever the API.
-#[derive(Debug)]
-pub enum EventWriter {
-    /// Chat and completions: `data:` events, then `[DONE]`.
-    OpenAi(StreamWriter),
-    /// The Responses API's typed events.
-    Responses(wire_responses::ResponsesWriter),
-    /// The Anthropic Messages API's typed events.
-    Messages(wire_messages::MessagesWriter),
+/// The members chat and completions read as the output limit, first present wins.
+const MAX_TOKENS: &[&str] = &["max_completion_tokens", "max_tokens"];
+
+/// Chat completions.
+pub const CHAT: SimApi = SimApi {
+    request: RequestRules {
+        prompt: chat_prompt,
+        openai_options: true,
+        requires_max_tokens: false,
+        refuses_empty_conversation: true,
+        max_tokens: MAX_TOKENS,
+        max_tokens_label: "max_tokens",
+        tools: Some(ToolShape::Chat),
+        echo: None,
+    },
+    writer,
+    full_response,
+    error: std::convert::identity,
+};
+
+/// Text completions: no tools, no conversation.
+pub const COMPLETIONS: SimApi = SimApi {
+    request: RequestRules {
+        prompt: completion_prompt,
+        refuses_empty_conversation: false,
+        tools: None,
+        ..CHAT.request
+    },
+    ..CHAT
+};
+
+fn writer(req: &GenRequest, a: &Answering<'_>) -> Box<dyn EventWrite> {
+    Box::new(StreamWriter::new(req, a))
 }
 
-impl EventWriter {
-    /// The writer of `req`'s API, answering as `model`.
-    pub fn new(
-        req: &GenRequest,
-        model: &str,
-        created_s: u64,
-        per_request_metrics: bool,
-        stamp: bool,
-    ) -> Self {
-        match req.endpoint {
-            Api::Chat | Api::Completions => EventWriter::OpenAi(StreamWriter::new(
-                req,
-                model,
-                created_s,
-                per_request_metrics,
-                stamp,
-            )),
-            Api::Responses => {
-                EventWriter::Responses(wire_responses::ResponsesWriter::new(req, model, created_s))
-            }
-            Api::Messages => EventWriter::Messages(wire_messages::MessagesWriter::new(req, model)),
-        }
-    }
-
-    /// The events sent as soon as the request is accepted, before any token (Responses'
-    /// `response.created` and `response.in_progress`; nothing for the others).
-    pub fn start(&mut self, out: &mut VecDeque<Bytes>) {
-        if let EventWriter::Responses(w) = self {
-            w.start(out);
-        }
-    }
-
-    /// The events for one token of `choice`.
-    pub fn token(&mut self, choice: u32, finish: Option<Finish>, out: &mut VecDeque<Bytes>) {
-        match self {
-            EventWriter::OpenAi(w) => w.token(choice, finish, out),
-            EventWriter::Responses(w) => w.token(finish, out),
-            EventWriter::Messages(w) => w.token(finish, out),
-        }
-    }
-
-    /// The closing events.
-    pub fn done(&mut self, timings: Option<&Timings>, out: &mut VecDeque<Bytes>) {
-        match self {
-            EventWriter::OpenAi(w) => w.done(timings, out),
-            EventWriter::Responses(w) => w.done(out),
-            EventWriter::Messages(w) => w.done(out),
-        }
-    }
+/// A fresh response id: `chatcmpl-<16 hex>` or `cmpl-<16 hex>`.
+fn new_id(endpoint: Api) -> String {
+    prefixed(if endpoint == Api::Completions {
+        "cmpl-"
+    } else {
+        "chatcmpl-"
+    })
 }
 
 /// The JSON-escaped text of a string (without the quotes).
@@ -114,14 +100,9 @@ pub struct StreamWriter {
 }
 
 impl StreamWriter {
-    /// A writer for `req`, answering as `model`.
-    pub fn new(
-        req: &GenRequest,
-        model: &str,
-        created_s: u64,
-        per_request_metrics: bool,
-        stamp: bool,
-    ) -> Self {
+    /// A writer for `req`, answering as `a` says.
+    pub fn new(req: &GenRequest, a: &Answering<'_>) -> Self {
+        let (model, created_s) = (a.model, a.created_s);
         let object = match req.endpoint {
             Api::Completions => "text_completion",
             _ => "chat.completion.chunk",
@@ -137,10 +118,10 @@ impl StreamWriter {
             prompt_tokens: req.prompt_tokens,
             include_usage: req.include_usage,
             continuous: req.continuous_usage,
-            per_request_metrics,
+            per_request_metrics: a.per_request_metrics,
             generated: vec![0; req.n as usize],
             roles_sent: req.endpoint == Api::Completions,
-            stamp,
+            stamp: a.stamp,
             tool: req.tool.clone().filter(|_| req.endpoint == Api::Chat),
         }
     }
@@ -171,7 +152,7 @@ impl StreamWriter {
     }
 
     /// The events for one token of `choice` (role events first, before the first token).
-    pub fn token(&mut self, choice: u32, finish: Option<Finish>, out: &mut VecDeque<Bytes>) {
+    fn token_events(&mut self, choice: u32, finish: Option<Finish>, out: &mut VecDeque<Bytes>) {
         use std::fmt::Write as _;
         if !self.roles_sent {
             self.roles_sent = true;
@@ -251,7 +232,7 @@ impl StreamWriter {
     }
 
     /// The closing events: the usage event (with include_usage) and `data: [DONE]`.
-    pub fn done(&self, timings: Option<&Timings>, out: &mut VecDeque<Bytes>) {
+    fn done_events(&self, timings: Option<&Timings>, out: &mut VecDeque<Bytes>) {
         if self.include_usage {
             let mut s = String::with_capacity(self.head.len() + 200);
             s.push_str(&self.head);
@@ -270,19 +251,24 @@ impl StreamWriter {
     }
 }
 
-/// The non-streaming response body for `req`, in its API's shape.
+impl EventWrite for StreamWriter {
+    fn token(&mut self, choice: u32, finish: Option<Finish>, out: &mut VecDeque<Bytes>) {
+        self.token_events(choice, finish, out);
+    }
+
+    fn done(&mut self, timings: Option<&Timings>, out: &mut VecDeque<Bytes>) {
+        self.done_events(timings, out);
+    }
+}
+
+/// The non-streaming response body for `req`.
 pub fn full_response(
     req: &GenRequest,
-    model: &str,
-    created_s: u64,
+    a: &Answering<'_>,
     choices: &[ChoiceOut],
     timings: Option<&Timings>,
 ) -> String {
-    match req.endpoint {
-        Api::Responses => return wire_responses::full_response(req, model, created_s, &choices[0]),
-        Api::Messages => return wire_messages::full_response(req, model, &choices[0]),
-        Api::Chat | Api::Completions => {}
-    }
+    let (model, created_s) = (a.model, a.created_s);
     let mut arr = Vec::with_capacity(choices.len());
     for (i, c) in choices.iter().enumerate() {
         let t = json_str(&c.text);
@@ -304,9 +290,13 @@ pub fn full_response(
     }
     let completion: u64 = choices.iter().map(|c| c.tokens).sum();
     let p = req.prompt_tokens;
-    let (object, tail) = match req.endpoint {
-        Api::Chat | Api::Messages | Api::Responses => ("chat.completion", "\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null"),
-        Api::Completions => ("text_completion", "\"kv_transfer_params\":null,\"ec_transfer_params\":null"),
+    let (object, tail) = if req.endpoint == Api::Completions {
+        (
+            "text_completion",
+            "\"kv_transfer_params\":null,\"ec_transfer_params\":null",
+        )
+    } else {
+        ("chat.completion", "\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null")
     };
     let metrics = timings
         .map(metrics_json)
@@ -319,4 +309,53 @@ pub fn full_response(
         p + completion,
         completion
     )
+}
+
+/// Message texts and the chat prompt-token estimate.
+fn chat_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError> {
+    let msgs = match obj.get("messages") {
+        None => return Err(missing(obj, "messages")),
+        Some(Value::Array(a)) => a,
+        Some(other) => {
+            return Err(validation(
+                "list_type",
+                "body.messages",
+                "Input should be a valid list",
+                &py_repr(other),
+                "",
+            ))
+        }
+    };
+    let mut texts = Vec::with_capacity(msgs.len());
+    for m in msgs {
+        let text = match m.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<String>(),
+            _ => String::new(),
+        };
+        texts.push(text);
+    }
+    let tokens = prompt::chat_prompt_tokens(texts.iter().map(String::as_str));
+    Ok((texts, tokens))
+}
+
+/// Prompt text and the completions prompt-token estimate: a string, a one-string array, or an
+/// array of token ids (counted as they are).
+fn completion_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError> {
+    match obj.get("prompt") {
+        None => Err(missing(obj, "prompt")),
+        Some(Value::String(s)) => Ok((vec![s.clone()], prompt::completion_prompt_tokens(s))),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            let s = a[0].as_str().unwrap_or_default().to_string();
+            let t = prompt::completion_prompt_tokens(&s);
+            Ok((vec![s], t))
+        }
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
+            Ok((vec![Value::Array(a.clone()).to_string()], a.len() as u64))
+        }
+        Some(_) => Err(bad("The simulator accepts one prompt per request: a string, a one-string list or a list of token ids.", Some("prompt"))),
+    }
 }

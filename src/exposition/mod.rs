@@ -1,7 +1,15 @@
-//! Prometheus text exposition shared by the simulator's `/metrics` (vLLM's series) and the meter's
-//! `/stats/metrics` (tokenmeter's): the one bucket table, the header lines, label escaping.
+//! Metrics as declarations, and the Prometheus text written from them: every metric the program
+//! exposes or reads is one `const` [`Metric`] (name, help, type, unit, labels, buckets), declared
+//! beside the code that gives it its values; [`Text`] writes any of them. The simulator's
+//! `/metrics` (vLLM's series, declared in [`vllm`], which the scraper reads by the same
+//! declarations) and the meter's `/stats/metrics` (tokenmeter's) are both written so.
 
-use std::fmt::Write as _;
+pub mod metric;
+pub mod text;
+pub mod vllm;
+
+pub use metric::{Kind, Metric, Unit};
+pub use text::{Style, Text, Value, NO_LABELS};
 
 /// Time-to-first-token bucket upper bounds, seconds: vLLM 0.32's, for both.
 pub const TTFT_BUCKETS: &[f64] = &[
@@ -29,18 +37,6 @@ pub const REQUEST_BUCKETS: &[f64] = &[
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
-/// Appends the `# HELP` and `# TYPE` lines of a series.
-pub fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-/// Escapes a label value: backslash, double quote and newline.
-pub fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,13 +49,5 @@ mod tests {
         // Every vLLM inter-token bound is a TPOT bound too, so the two compare bucket by bucket.
         assert!(ITL_BUCKETS.iter().all(|b| TPOT_BUCKETS.contains(b)));
         assert!(TPOT_BUCKETS.iter().filter(|b| **b < 0.01).count() >= 6);
-    }
-
-    #[test]
-    fn labels_escape_and_headers_read_as_prometheus_wants() {
-        assert_eq!(escape_label("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
-        let mut out = String::new();
-        header(&mut out, "x_total", "counter", "Things.");
-        assert_eq!(out, "# HELP x_total Things.\n# TYPE x_total counter\n");
     }
 }
