@@ -161,6 +161,15 @@ pub struct SloInput {
 /// The verdict on one request: `Ok(())` met, `Err(miss)` missed.
 pub type Verdict = Result<(), SloMiss>;
 
+/// The verdict a record logged (`slo_ok`, `slo_miss`); `None` when it was not judged. A miss
+/// logged without its kind counts as an error.
+pub fn logged(slo_ok: Option<bool>, slo_miss: Option<SloMiss>) -> Option<Verdict> {
+    match slo_ok? {
+        true => Some(Ok(())),
+        false => Some(Err(slo_miss.unwrap_or(SloMiss::Error))),
+    }
+}
+
 /// Judges one request; `None` when it is not judged (the client's own mistake, or a client
 /// that left before the TTFT bound with no first token).
 ///

@@ -319,11 +319,9 @@ impl Pass1 {
     /// The record's service-level verdict: as logged, or, for a line written before the verdict
     /// existed, judged here as the proxy would (`scratch` holds the record).
     fn verdict(&self, r: &LeanRecord<'_>) -> Option<crate::slo::Verdict> {
-        match (r.slo_ok, r.slo_miss) {
-            (Some(Some(true)), _) => Some(Ok(())),
-            (Some(Some(false)), m) => Some(Err(m.unwrap_or(crate::slo::SloMiss::Error))),
-            (Some(None), _) => None,
-            (None, _) => crate::slo::judge(&self.slo, &self.scratch.slo_input()),
+        match r.slo_ok {
+            Some(ok) => crate::slo::logged(ok, r.slo_miss),
+            None => crate::slo::judge(&self.slo, &self.scratch.slo_input()),
         }
     }
 }

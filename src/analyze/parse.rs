@@ -194,6 +194,8 @@ pub fn curve_values(text: &str, mut value: impl FnMut(u32)) -> bool {
 
 /// What one line turned out to be.
 #[derive(Debug)]
+// One `Parsed` lives on the stack for one line; boxing the record would allocate per line.
+#[allow(clippy::large_enum_variant)]
 pub enum Parsed<'a> {
     /// A valid request record.
     Request(LeanRecord<'a>),
@@ -256,7 +258,10 @@ pub fn parse_line(line: &[u8]) -> Parsed<'_> {
     ) else {
         return Parsed::Bad(BadReason::MissingField);
     };
-    let token_curve = raw.token_curve.map(|c| c.get()).filter(|c| *c != "null");
+    let token_curve = raw
+        .token_curve
+        .map(serde_json::value::RawValue::get)
+        .filter(|c| *c != "null");
     if !latency_ok(raw.e2e_ms)
         || !latency_ok(raw.ttft_ms)
         || raw.tok_s.is_some_and(|v| !v.is_finite())

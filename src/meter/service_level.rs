@@ -3,7 +3,8 @@
 //! decode-step model; and the one headline figure every view shows. Shared by the live meter
 //! and `analyze`, so both give the same answer from the same counts.
 //!
-//! * A request belongs to the level it arrived at (`in_flight_at_start`, itself included).
+//! * A request belongs to its rounded mean in-flight level over its life (the level whose pace
+//!   it saw; with turnover in lockstep, a request arriving at 8 runs at 10).
 //! * Attainment at N = met / judged, with the Wilson score interval at 95 %.
 //! * A level is *thin* below `slo.min_requests` judged requests: shown, never concluded from.
 //! * Capacity at the service level = the highest N at which attainment ≥ `slo.attainment_pct`
@@ -11,11 +12,7 @@
 //!   "at least" the highest non-thin level (not reached).
 //! * Rates come from the production-traffic attribution ([`super::levels`]) over the clean
 //!   time at N; goodput = rate × the met requests' share of the judged requests' output tokens.
-//! * The model: continuous batching makes a decode step take about `a + b·N` with N sequences
-//!   in the batch, so each request's pace is `1 / (a + b·N)` and the aggregate `N / (a + b·N)`.
-//!   `a` and `b` are fitted by least squares, weighted by clean seconds, to every level's
-//!   measured time per token per sequence `τ_N = N · seconds / tokens`; the band is the fit's
-//!   95 % interval.
+//! * The model beside the measured levels: [`super::step_model`].
 
 use std::collections::BTreeMap;
 
@@ -25,14 +22,10 @@ use crate::clock::NANOS_PER_SEC;
 use crate::slo::{SloConfig, SloMiss, Verdict};
 
 use super::levels::LevelSums;
+use super::step_model::StepModel;
+use super::summary::Z95;
 
-/// z for a two-sided 95 % interval.
-const Z95: f64 = 1.96;
-
-/// Levels with less clean time than this give the model no point (their τ is noise).
-const MODEL_MIN_S: f64 = 0.5;
-
-/// Verdicts counted at one arrival level.
+/// Verdicts counted at one level.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct VerdictCounts {
     /// Judged requests.
@@ -47,7 +40,7 @@ pub struct VerdictCounts {
     pub met_tokens: f64,
 }
 
-/// Verdicts by arrival level.
+/// Verdicts by level (the request's rounded mean in-flight level over its life).
 #[derive(Debug, Clone, Default)]
 pub struct VerdictsByLevel {
     levels: BTreeMap<u32, VerdictCounts>,
@@ -59,7 +52,7 @@ impl VerdictsByLevel {
         VerdictsByLevel::default()
     }
 
-    /// Counts one request that arrived at `level` (unjudged ones are not counted).
+    /// Counts one request of `level` (unjudged ones are not counted).
     pub fn add(&mut self, level: u32, verdict: Option<Verdict>, completion_tokens: Option<u64>) {
         let (Some(v), true) = (verdict, level > 0) else {
             return;
@@ -89,27 +82,11 @@ impl VerdictsByLevel {
         slo_miss: Option<SloMiss>,
         completion_tokens: Option<u64>,
     ) {
-        let verdict = match (slo_ok, slo_miss) {
-            (Some(true), _) => Some(Ok(())),
-            (Some(false), Some(m)) => Some(Err(m)),
-            (Some(false), None) => Some(Err(SloMiss::Error)),
-            (None, _) => None,
-        };
-        self.add(level, verdict, completion_tokens);
-    }
-
-    /// Adds `other`'s counts (analyze's parallel passes).
-    pub fn merge(&mut self, other: &VerdictsByLevel) {
-        for (n, o) in &other.levels {
-            let c = self.levels.entry(*n).or_default();
-            c.judged += o.judged;
-            c.met += o.met;
-            for (a, b) in c.missed.iter_mut().zip(o.missed) {
-                *a += b;
-            }
-            c.judged_tokens += o.judged_tokens;
-            c.met_tokens += o.met_tokens;
-        }
+        self.add(
+            level,
+            crate::slo::logged(slo_ok, slo_miss),
+            completion_tokens,
+        );
     }
 
     /// The counts by level.
@@ -192,107 +169,6 @@ pub struct ServiceLevelRow {
     pub model_per_request_tok_s: Option<f64>,
     /// Its 95 % band, tokens/s.
     pub model_band_tok_s: Option<[f64; 2]>,
-}
-
-/// The fitted decode-step model `τ(N) = a + b·N` (ms per token per sequence).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct StepModel {
-    /// Fixed part of a decode step, ms.
-    pub a_ms: f64,
-    /// Added per sequence in the batch, ms.
-    pub b_ms: f64,
-    /// Levels the fit used (at least [`MODEL_MIN_S`] clean seconds each).
-    pub levels: u32,
-    /// Clean seconds behind the fit.
-    pub seconds: f64,
-    /// Lowest and highest level used: outside them the model extrapolates.
-    pub range: [u32; 2],
-    /// Highest N whose modelled pace is at least the pace bound (`1000 / slo.max_tpot_ms`);
-    /// `null` when even N = 1 is slower.
-    pub pace_capacity: Option<u32>,
-    #[serde(skip)]
-    cov: [f64; 3],
-}
-
-impl StepModel {
-    /// τ(N), ms.
-    pub fn step_ms(&self, n: f64) -> f64 {
-        self.a_ms + self.b_ms * n
-    }
-
-    /// Per-request pace at N and its 95 % band, tokens/s.
-    pub fn pace(&self, n: f64) -> (f64, [f64; 2]) {
-        let tau = self.step_ms(n);
-        let var = self.cov[0] + 2.0 * n * self.cov[1] + n * n * self.cov[2];
-        let d = Z95 * var.max(0.0).sqrt();
-        let hi = if tau - d > 0.0 {
-            1_000.0 / (tau - d)
-        } else {
-            f64::INFINITY
-        };
-        (1_000.0 / tau, [1_000.0 / (tau + d), hi])
-    }
-
-    /// Fits τ_N = N·seconds/tokens against N, weighted by seconds; `Err` says why not.
-    pub fn fit(sums: &BTreeMap<u32, LevelSums>, slo: &SloConfig) -> Result<StepModel, String> {
-        let pts: Vec<(f64, f64, f64)> = sums
-            .iter()
-            .filter_map(|(&n, s)| {
-                let secs = s.clean_ns as f64 / NANOS_PER_SEC as f64;
-                (n > 0 && secs >= MODEL_MIN_S && s.clean_tokens > 0.0)
-                    .then(|| (n as f64, n as f64 * secs * 1_000.0 / s.clean_tokens, secs))
-            })
-            .collect();
-        if pts.len() < 3 {
-            return Err(format!(
-                "{} level(s) with {MODEL_MIN_S} s of clean time; the fit needs 3",
-                pts.len()
-            ));
-        }
-        let (mut sw, mut sx, mut sy, mut sxx, mut sxy) = (0.0, 0.0, 0.0, 0.0, 0.0);
-        for &(x, y, w) in &pts {
-            sw += w;
-            sx += w * x;
-            sy += w * y;
-            sxx += w * x * x;
-            sxy += w * x * y;
-        }
-        let det = sw * sxx - sx * sx;
-        if det.abs() < f64::EPSILON {
-            return Err("the levels do not spread".into());
-        }
-        let b = (sw * sxy - sx * sy) / det;
-        let a = (sy - b * sx) / sw;
-        let rss: f64 = pts
-            .iter()
-            .map(|&(x, y, w)| w * (y - a - b * x).powi(2))
-            .sum();
-        // σ² per unit weight, then (XᵀWX)⁻¹ scaled by it.
-        let sigma2 = rss / (pts.len() as f64 - 2.0);
-        let cov = [sigma2 * sxx / det, -sigma2 * sx / det, sigma2 * sw / det];
-        let lo = pts.first().map_or(0, |p| p.0 as u32);
-        let hi = pts.last().map_or(0, |p| p.0 as u32);
-        let mut m = StepModel {
-            a_ms: a,
-            b_ms: b,
-            levels: pts.len() as u32,
-            seconds: sw,
-            range: [lo, hi],
-            pace_capacity: None,
-            cov,
-        };
-        let bound_ms = slo.max_tpot_ms;
-        m.pace_capacity = if b > 0.0 {
-            let n = ((bound_ms - a) / b).floor();
-            (n >= 1.0).then_some(n.min(u32::MAX as f64) as u32)
-        } else if a <= bound_ms {
-            // A step that does not slow with the batch: the model sets no pace limit.
-            None
-        } else {
-            None
-        };
-        Ok(m)
-    }
 }
 
 /// The headline: capacity at the service level.
@@ -547,37 +423,6 @@ mod tests {
         let c = capacity(&[row(1, 30, 10, 0)], &slo);
         assert_eq!(c.in_flight, Some(0));
         assert_eq!(c.binds, Some("ttft"));
-    }
-
-    #[test]
-    fn the_model_recovers_a_linear_step_exactly() {
-        // The simulator's default engine: τ(N) = 12.2 + 2.1·N ms.
-        let mut sums = BTreeMap::new();
-        for n in [2u32, 5, 9, 13] {
-            let secs = 4.0 + n as f64;
-            let tau = 12.2 + 2.1 * n as f64;
-            sums.insert(
-                n,
-                LevelSums {
-                    clean_ns: (secs * 1e9) as u64,
-                    clean_tokens: n as f64 * secs * 1_000.0 / tau,
-                    ..Default::default()
-                },
-            );
-        }
-        let slo = SloConfig {
-            max_tpot_ms: 1_000.0 / 29.0,
-            ..SloConfig::default()
-        };
-        let m = StepModel::fit(&sums, &slo).unwrap();
-        assert!((m.a_ms - 12.2).abs() < 1e-6, "{m:?}");
-        assert!((m.b_ms - 2.1).abs() < 1e-6, "{m:?}");
-        // Pace 1000 / (12.2 + 2.1 N) ≥ 29 up to N = 10 (30.1), not at 11 (28.3).
-        assert_eq!(m.pace_capacity, Some(10));
-        let (p, [lo, hi]) = m.pace(10.0);
-        assert!((p - 1_000.0 / 33.2).abs() < 1e-6);
-        assert!(lo <= p && p <= hi && hi - lo < 1e-3);
-        assert!(StepModel::fit(&BTreeMap::new(), &slo).is_err());
     }
 
     #[test]

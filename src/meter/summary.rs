@@ -4,6 +4,9 @@ use serde::Serialize;
 
 use super::histogram::LogHistogram;
 
+/// z of a two-sided 95 % interval of a normal distribution.
+pub const Z95: f64 = 1.96;
+
 /// Nearest-rank percentiles from a [`LogHistogram`] (each within 0.5% of the sample value);
 /// `null` when there were no samples.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
