@@ -231,7 +231,10 @@ pub fn parse_line(line: &[u8]) -> Parsed<'_> {
     ) else {
         return Parsed::Bad(BadReason::MissingField);
     };
-    let token_curve = raw.token_curve.map(|c| c.get()).filter(|c| *c != "null");
+    let token_curve = raw
+        .token_curve
+        .map(serde_json::value::RawValue::get)
+        .filter(|c| *c != "null");
     if !latency_ok(raw.e2e_ms)
         || !latency_ok(raw.ttft_ms)
         || raw.tok_s.is_some_and(|v| !v.is_finite())

@@ -341,7 +341,10 @@ fn without_the_guard_prefill_drags_the_figure_down() {
 fn analyze(records: &[tokenmeter::record::RequestRecord]) -> tokenmeter::analyze::Report {
     let dir = crate::common::TempDir::new("levels-log");
     let log = dir.0.join("access.jsonl");
-    let text: Vec<u8> = records.iter().flat_map(|r| r.to_json_line()).collect();
+    let text: Vec<u8> = records
+        .iter()
+        .flat_map(tokenmeter::record::RequestRecord::to_json_line)
+        .collect();
     std::fs::write(&log, text).unwrap();
     tokenmeter::analyze::analyze(&[log], &Default::default()).unwrap()
 }
