@@ -1,6 +1,8 @@
 -- The tokenmeter access-log line (schemas/record.schema.json, "schema": 1) as a ClickHouse table.
 -- One row per finished request. Nullable columns are the fields the proxy writes as null when
--- unknown; analyze's definitions read them as "unknown", never as zero.
+-- unknown; analyze's definitions read them as "unknown", never as zero. `token_curve` (an array
+-- cannot be Nullable) is empty where the line has null (no token before the end) or no such
+-- field (written before it).
 CREATE TABLE IF NOT EXISTS access_log
 (
     type               LowCardinality(String),
@@ -36,7 +38,8 @@ CREATE TABLE IF NOT EXISTS access_log
     error              Nullable(String),
     server_queue_ms    Nullable(Float64),
     server_ttft_ms     Nullable(Float64),
-    server_mean_itl_ms Nullable(Float64)
+    server_mean_itl_ms Nullable(Float64),
+    token_curve        Array(UInt32)
 )
 ENGINE = MergeTree
 PARTITION BY toYYYYMM(ts)

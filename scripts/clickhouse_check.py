@@ -1,6 +1,7 @@
-"""Runs the ClickHouse SQL in clickhouse/ on an access log with chdb (embedded ClickHouse) and
-compares its capacity, per-user and per-second rows with `tokenmeter analyze --json --per-second`
-of the same log. Usage: clickhouse_check.py LOG ANALYZE_JSON. Exits non-zero on a difference."""
+"""Runs the ClickHouse SQL in clickhouse/ on access logs with chdb (embedded ClickHouse) and
+compares its capacity, production-traffic, per-user and per-second rows with `tokenmeter analyze
+--json --per-second` of the same logs. Usage: clickhouse_check.py LOG_GLOB ANALYZE_JSON. Exits
+non-zero on a difference."""
 
 import json
 import math
@@ -40,7 +41,12 @@ def close(what, got, want, tol=TOLERANCE):
         return
     scale = max(abs(want), 1e-9)
     table = what.split(" ")[0]
-    table = "capacity" if table.startswith("N=") else "per-second" if table == "second" else "users"
+    table = (
+        "capacity" if table.startswith("N=")
+        else "production" if table.startswith("P=")
+        else "per-second" if table == "second"
+        else "users"
+    )
     table += ": " + what.split(" ", 2 if table == "per-second" else 1)[-1]
     rel = abs(got - want) / scale if abs(got - want) > 1e-6 else 0.0
     if rel >= worst.get(table, (0.0, ""))[0]:
@@ -86,6 +92,30 @@ def main():
             close(f"N={n} scaling", got["scaling"], w["scaling"])
             close(f"N={n} marginal", got["marginal_gain"], w["marginal_gain"], 0.01)
 
+        prod_sql, placed_sql = statements("production.sql")
+        prod = rows(sess, prod_sql)
+        want = report["capacity_production"]
+        if [int(r["in_flight"]) for r in prod] != [r["in_flight"] for r in want]:
+            failures.append(
+                f"production levels: sql {[r['in_flight'] for r in prod]} vs {[r['in_flight'] for r in want]}"
+            )
+        for got, w in zip(prod, want):
+            n = w["in_flight"]
+            if bool(got["thin"]) != w["thin"]:
+                failures.append(f"P={n} thin: sql {got['thin']} vs analyze {w['thin']}")
+            for k in ("seconds", "guard_s", "tokens", "gen_tok_s", "gen_tok_s_unguarded", "scaling"):
+                close(f"P={n} {k}", got[k], w[k])
+            close(f"P={n} marginal", got["marginal_gain"], w["marginal_gain"], 0.01)
+            pr = w["per_request_tok_s"]
+            for k in ("min", "avg", "max"):
+                close(f"P={n} per-request {k}", got[f"per_request_tok_s_{k}"], pr[k])
+            for p in ("p50", "p90", "p99"):
+                close(f"P={n} ttft {p}", got[f"ttft_{p}_ms"], w["ttft_ms"][p])
+        (placed,) = rows(sess, placed_sql)
+        for k, v in report["capacity_production_tokens"].items():
+            if int(placed[k]) != v:
+                failures.append(f"production tokens {k}: sql {placed[k]} vs analyze {v}")
+
         (users_sql,) = statements("users.sql")
         users = rows(sess, users_sql)
         wu = report["users"]
@@ -118,8 +148,8 @@ def main():
                 failures.append(f"second {sec} steady_strict: sql {steady} vs analyze {s['steady_strict']} at {s['in_flight_min']}")
             checked += 1
         print(
-            f"clickhouse: {len(cap)} capacity rows, {len(users)} users, {checked} seconds compared; "
-            f"{len(failures)} differences"
+            f"clickhouse: {len(cap)} capacity rows, {len(prod)} production rows, {len(users)} users, "
+            f"{checked} seconds compared; {len(failures)} differences"
         )
         for table, (rel, what) in sorted(worst.items()):
             print(f"  largest relative difference, {table}: {rel * 100:.4f} % ({what})")

@@ -83,10 +83,14 @@ impl TokenCurveBuilder {
             return;
         }
         let now = now.max(self.pending.map_or(self.anchor_ns, |p| p.0));
+        // Rises from the anchor, and one division per event (the slopes share it).
+        let mut rise = (self.count - self.anchor_count) as f64;
+        let mut per_ns = 1.0 / (now - self.anchor_ns) as f64;
         if let (Some(p), false) = (self.pending, self.full) {
-            let slope = self.slope_to(now, self.count as f64);
-            if !(self.lo..=self.hi).contains(&slope) {
+            if !(self.lo..=self.hi).contains(&(rise * per_ns)) {
                 self.write(p.0, p.1);
+                rise = (self.count - self.anchor_count) as f64;
+                per_ns = 1.0 / (now - self.anchor_ns) as f64;
             }
         }
         if now == self.anchor_ns {
@@ -94,19 +98,10 @@ impl TokenCurveBuilder {
             self.write_again(self.count);
             return;
         }
-        self.narrow(now, self.count);
+        // Lines from the anchor must pass within the tolerance of this event.
+        self.lo = self.lo.max((rise - TOLERANCE_TOKENS) * per_ns);
+        self.hi = self.hi.min((rise + TOLERANCE_TOKENS) * per_ns);
         self.pending = Some((now, self.count));
-    }
-
-    fn slope_to(&self, t: UnixNanos, count: f64) -> f64 {
-        (count - self.anchor_count as f64) / (t - self.anchor_ns) as f64
-    }
-
-    /// Narrows the door by an event that lines from the anchor must pass near.
-    fn narrow(&mut self, t: UnixNanos, count: u64) {
-        let c = count as f64;
-        self.lo = self.lo.max(self.slope_to(t, c - TOLERANCE_TOKENS));
-        self.hi = self.hi.min(self.slope_to(t, c + TOLERANCE_TOKENS));
     }
 
     /// Writes the point `(t, count)` and makes it the hinge.

@@ -351,6 +351,8 @@ struct OpenRecord {
     /// Completion tokens minus the curve's; NaN when unknown.
     rest: f64,
     curve: Vec<u32>,
+    /// Its entry in `decode_from`: the earliest instant it may still credit tokens to.
+    floor: UnixNanos,
 }
 
 /// The live meter's level attribution replayed from records fed in arrival order: each record's
@@ -389,26 +391,28 @@ impl ProductionSweep {
                 break;
             }
             self.pending.pop();
-            let Some(o) = self.open.get(&seq) else {
+            let Some(o) = self.open.get_mut(&seq) else {
                 continue;
             };
             if kind == 0 {
                 self.attr.first_token(at, o.key);
+                let mut pieces = token_curve::pieces(o.start, &o.curve);
                 // The first event's tokens were made since the arrival, as live.
-                if let Some(p) = token_curve::pieces(o.start, &o.curve).next() {
+                if let Some(p) = pieces.next() {
                     self.attr.tokens(o.start, at, p.tokens);
                 }
-                // From its first token on, the request's tokens reach back to here only.
-                self.decode_from.remove(&(o.start, seq));
-                self.decode_from.insert((o.from.min(at), seq));
+                // From its first token on, the request's tokens reach back to here only (its
+                // curve's next stretch starts at the first point, to the ms).
+                let floor = pieces.next().map_or(at, |p| p.from.min(at)).min(o.from);
+                self.decode_from.remove(&(o.floor, seq));
+                self.decode_from.insert((floor, seq));
+                o.floor = floor;
                 continue;
             }
             let Some(o) = self.open.remove(&seq) else {
                 continue;
             };
-            self.decode_from.remove(&(o.start, seq));
-            self.decode_from.remove(&(o.from, seq));
-            self.decode_from.remove(&(o.from.min(at), seq));
+            self.decode_from.remove(&(o.floor, seq));
             self.attr.advance(at);
             for p in token_curve::pieces(o.start, &o.curve).skip(1) {
                 self.attr.tokens(p.from, p.to, p.tokens);
@@ -442,6 +446,12 @@ impl ProductionSweep {
         }
         .clamp(e.start, e.end);
         let rest = e.completion_tokens - token_curve::total(curve) as f64;
+        // Until its first token is replayed, nothing after its arrival is final: a first token
+        // after the guard's cap makes the time since the cap guarded (see meter::levels). A
+        // first token at the end still closes the guard there, as live.
+        let pending_first = e.first_token > 0 && e.first_token <= e.end;
+        let floor = if pending_first { e.start } else { from };
+        self.decode_from.insert((floor, self.seq));
         self.open.insert(
             self.seq,
             OpenRecord {
@@ -450,14 +460,9 @@ impl ProductionSweep {
                 from,
                 rest,
                 curve: curve.to_vec(),
+                floor,
             },
         );
-        // Until its first token is replayed, nothing after its arrival is final: a first token
-        // after the guard's cap makes the time since the cap guarded (see meter::levels). A
-        // first token at the end still closes the guard there, as live.
-        let pending_first = e.first_token > 0 && e.first_token <= e.end;
-        self.decode_from
-            .insert((if pending_first { e.start } else { from }, self.seq));
         if pending_first {
             self.pending
                 .push(std::cmp::Reverse((e.first_token.max(e.start), 0, self.seq)));

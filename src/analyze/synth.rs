@@ -155,3 +155,88 @@ pub fn write_load_log(out: &mut impl Write, lines: usize, seed: u64) -> io::Resu
     }
     Ok(written)
 }
+
+/// Writes `requests` pseudo-random but deterministic (seeded) agent-like request lines from [`T0`],
+/// spread round-robin over `outs` (one log per proxy, each in its own order of finish): 12 agents
+/// that think 0.2-3 s between turns; 70 % streamed with a first token after 0.05-1.5 s (one in 20
+/// after up to 4 s, so the guard's cap grows), 20-300 tokens one or a few per event at 25-45 ms
+/// with one gap in 20 stalled 150-400 ms (another request's prefill), and the token curve the
+/// proxy logs, left out of one streamed line in 10 (a line written before it); the others
+/// non-streamed; 2 % errors without a usage. Returns the bytes written.
+pub fn write_agents_logs(
+    outs: &mut [&mut dyn Write],
+    requests: usize,
+    seed: u64,
+) -> io::Result<u64> {
+    const MS: u64 = 1_000_000;
+    const AGENTS: u64 = 12;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut next: Vec<UnixNanos> = (0..AGENTS)
+        .map(|_| T0 + rng.gen_range(0..2_000) * MS)
+        .collect();
+    let mut per_out: Vec<Vec<(UnixNanos, RequestRecord)>> =
+        outs.iter().map(|_| Vec::new()).collect();
+    for i in 0..requests {
+        // The agent whose turn comes first.
+        let (lane, &start) = next
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, t)| **t)
+            .unwrap_or((0, &T0));
+        let stream = rng.gen_bool(0.7);
+        let ttft_ms = if rng.gen_ratio(1, 20) {
+            rng.gen_range(1_500..4_000)
+        } else {
+            rng.gen_range(50..1_500)
+        };
+        let tokens: u64 = rng.gen_range(20..300);
+        let mut curve = crate::token_curve::TokenCurveBuilder::new(start);
+        let first = start + ttft_ms * MS + rng.gen_range(0..MS);
+        let mut t = first;
+        let mut sent = 0;
+        while sent < tokens {
+            let n = (tokens - sent).min(if rng.gen_ratio(1, 10) { 3 } else { 1 });
+            curve.push(t, n);
+            sent += n;
+            let stall = if rng.gen_ratio(1, 20) {
+                rng.gen_range(150..400)
+            } else {
+                0
+            };
+            t += (rng.gen_range(25..45) + stall) * MS + rng.gen_range(0..MS);
+        }
+        let end = t + 2 * MS;
+        let e2e_ms = (end - start) as f64 / 1e6;
+        let mut r = record(
+            start,
+            e2e_ms,
+            stream.then_some((first - start) as f64 / 1e6),
+            tokens,
+            stream,
+            &format!("agent-{lane}"),
+        );
+        r.request_id = format!("req-{i}");
+        r.token_curve = curve.finish().filter(|_| stream && !rng.gen_ratio(1, 10));
+        if rng.gen_ratio(1, 50) {
+            r.outcome = Outcome::UpstreamError;
+            r.status = Some(500);
+            r.completion_tokens = None;
+            r.tok_s = None;
+        }
+        next[lane] = end + rng.gen_range(200..3_000) * MS;
+        let k = i % per_out.len().max(1);
+        if let Some(v) = per_out.get_mut(k) {
+            v.push((end, r));
+        }
+    }
+    let mut written = 0;
+    for (out, mut recs) in outs.iter_mut().zip(per_out) {
+        recs.sort_by_key(|(end, _)| *end);
+        for (_, r) in recs {
+            let line = r.to_json_line();
+            out.write_all(&line)?;
+            written += line.len() as u64;
+        }
+    }
+    Ok(written)
+}
