@@ -166,8 +166,8 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The closing summary: one screen of the figures the demo measured, one line each, so a figure
-/// added later (the capacity answer) is one more line. `snap` is the final `/stats` document
+/// The closing summary: one screen of the figures the demo measured, one line each, the
+/// capacity at the service level first among them. `snap` is the final `/stats` document
 /// (`None` when the meter did not answer), `run_s` how long the demo ran, `records` the lines
 /// the access log at `log` holds.
 pub fn summary(
@@ -179,6 +179,14 @@ pub fn summary(
     let mut out = vec![format!("tokenmeter demo: summary of {run_s:.1} s")];
     match snap {
         Some(v) => {
+            let sl = &v["service_level"];
+            if let Some(text) = sl["capacity"]["text"].as_str() {
+                out.push(format!("  capacity        : at the service level, {text}"));
+                out.push(format!(
+                    "                    ({})",
+                    sl["objective_text"].as_str().unwrap_or("")
+                ));
+            }
             let t = &v["totals"];
             out.push(format!(
                 "  requests        : {} finished, {} generated tokens, {} errors of the server",
@@ -256,21 +264,12 @@ async fn report_every_10s(meter: crate::meter::MeterHandle) {
         let Ok(snap) = meter.snapshot(now, q, "", &Default::default()).await else {
             return;
         };
-        // The best-founded row of the production-traffic curve: the level with the most time.
-        let capacity = snap
-            .capacity_production
-            .iter()
-            .filter(|r| !r.thin)
-            .max_by(|a, b| a.seconds.total_cmp(&b.seconds))
-            .and_then(|r| {
-                r.gen_tok_s.map(|g| {
-                    format!(
-                        "; capacity at {} in flight: {g:.1} tok/s ({:.0} s measured)",
-                        r.in_flight, r.seconds
-                    )
-                })
-            })
-            .unwrap_or_default();
+        // The headline, as /stats gives it: "not known yet: …" and "at least N (not reached)"
+        // until a level misses.
+        let capacity = format!(
+            "; capacity at the service level: {}",
+            snap.service_level.capacity.text
+        );
         let v = serde_json::to_value(&snap).unwrap_or_default();
         let w = &v["windows"]["10s"];
         println!(
@@ -300,6 +299,10 @@ mod tests {
     fn the_summary_names_the_rates_the_log_and_the_command() {
         let snap = serde_json::json!({
             "totals": {"requests": 5, "completion_tokens": 300, "errors": 0},
+            "service_level": {
+                "capacity": {"text": "at least 2 (not reached)"},
+                "objective_text": "TTFT ≤ 1000 ms"
+            },
             "users": {
                 "agent-0": {"totals": {"requests": 2, "completion_tokens": 100}},
                 "agent-1": {"totals": {"requests": 3, "completion_tokens": 200}},
@@ -313,6 +316,10 @@ mod tests {
         let a0 = lines.iter().position(|l| l.contains("agent-0")).unwrap();
         assert!(a1 < a0, "fastest first: {text}");
         assert!(lines[a1].contains("20.0 tok/s"), "{text}");
+        assert!(
+            lines[1].contains("at the service level, at least 2 (not reached)"),
+            "the capacity answer first: {text}"
+        );
         assert!(text.contains("/tmp/x.jsonl (5 records)"), "{text}");
         assert!(text.contains("tokenmeter analyze /tmp/x.jsonl"), "{text}");
     }

@@ -77,6 +77,29 @@ impl SloConfig {
     pub fn min_tok_s(&self) -> f64 {
         1_000.0 / self.max_tpot_ms
     }
+
+    /// The objective in one line, as every view states it.
+    pub fn describe(&self) -> String {
+        format!(
+            "TTFT ≤ {} ms + {} ms per 1,000 uncached prompt tokens, TPOT ≤ {} ms ({} tok/s per \
+             request), for {} % of requests; levels with fewer than {} judged requests are thin",
+            trim(self.max_ttft_ms),
+            trim(self.ttft_ms_per_1k_uncached_tokens),
+            trim(self.max_tpot_ms),
+            trim(self.min_tok_s()),
+            trim(self.attainment_pct),
+            self.min_requests
+        )
+    }
+}
+
+/// A number without trailing zeros, at most one decimal.
+fn trim(v: f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
 }
 
 /// Which part of the service level a request missed.

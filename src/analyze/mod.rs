@@ -17,9 +17,11 @@ pub mod html;
 pub mod input;
 pub mod parse;
 pub mod report;
+mod service_table;
 pub mod spill;
 pub mod steady;
 pub mod svg;
+mod svg_service;
 pub mod synth;
 pub mod tables;
 
@@ -79,7 +81,7 @@ pub struct AnalyzeArgs {
     /// With --json, include every active second.
     #[arg(long)]
     pub per_second: bool,
-    /// Write capacity.svg, ttft.svg and timeline.svg into this directory.
+    /// Write service_level.svg, capacity.svg, ttft.svg and timeline.svg into this directory.
     #[arg(long)]
     pub svg: Option<PathBuf>,
     /// Write one self-contained HTML page with all tables and plots.

@@ -36,7 +36,7 @@ pub fn esc(s: &str) -> String {
 }
 
 /// A "nice" tick step for a range, about five ticks.
-fn step(max: f64) -> f64 {
+pub(super) fn step(max: f64) -> f64 {
     let raw = (max / 5.0).max(1e-9);
     let mag = 10f64.powf(raw.log10().floor());
     let norm = raw / mag;
@@ -306,6 +306,7 @@ pub fn timeline(r: &Report) -> String {
 /// Every plot with its file name.
 pub fn all(r: &Report) -> Vec<(&'static str, String)> {
     vec![
+        ("service_level.svg", super::svg_service::service_level(r)),
         ("capacity.svg", capacity(r)),
         ("ttft.svg", ttft(r)),
         ("timeline.svg", timeline(r)),

@@ -265,6 +265,7 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
     for e in &i.read_errors {
         summary.push(vec!["Read error".into(), e.clone()]);
     }
+    out.extend(super::service_table::sections(&r.service_level));
     out.push(("Summary".into(), grid(&["", ""], &summary)));
     let t = &r.timeline;
     out.push((
@@ -282,12 +283,12 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
         grid(&WINDOW_HEADERS, &window_rows(&t.steady_strict_windows)),
     ));
     out.push((
-        "Capacity (steady seconds only)".into(),
+        "Capacity, steady-window curve (steady seconds only; the cross-check by the write-up's method)".into(),
         grid(&CAPACITY_HEADERS, &capacity_rows(&r.capacity)),
     ));
     out.push((
         format!(
-            "Capacity (production traffic: all clean time at each level, guard after each arrival until its first token; {})",
+            "Capacity, production-traffic curve (the service level's: all clean time at each level, guard after each arrival until its first token; {})",
             placement(&r.capacity_production_tokens)
         ),
         grid(&PRODUCTION_HEADERS, &production_rows(&r.capacity_production)),

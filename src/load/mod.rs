@@ -515,24 +515,30 @@ async fn with_proxy_stats<T>(
             stats::push_final(&mut samples, last, interval);
         }
     }
+    let (capacity_production, service_level) = final_capacity(client, detected).await;
     let proxy = stats::ProxyReport {
         detected,
         note,
         steady_10s: stats::steady_summary(&samples),
-        capacity_production: final_capacity(client, detected).await,
+        capacity_production,
+        service_level,
         samples,
     };
     (out, proxy)
 }
 
-/// The proxy's production-traffic curve after a run: read once the meter's current second is
-/// over, so the segments of the requests that just ended (or were cancelled) are final.
+/// The proxy's production-traffic curve and service-level headline after a run: read once the
+/// meter's current second is over, so the segments of the requests that just ended (or were
+/// cancelled) are final.
 async fn final_capacity(
     client: &HttpClient,
     detected: bool,
-) -> Option<Vec<stats::ProxyCapacityRow>> {
+) -> (
+    Option<Vec<stats::ProxyCapacityRow>>,
+    Option<stats::ProxyServiceCapacity>,
+) {
     if !detected {
-        return None;
+        return (None, None);
     }
     tokio::time::sleep(Duration::from_millis(1100)).await;
     stats::capacity(client).await

@@ -70,6 +70,25 @@ pub struct ProxyReport {
     /// The proxy's production-traffic curve (`capacity_production` of `/stats`) read after the
     /// run; null when it was not available.
     pub capacity_production: Option<Vec<ProxyCapacityRow>>,
+    /// The proxy's capacity at the service level (`service_level.capacity` of `/stats`) read
+    /// after the run; null when it was not available.
+    pub service_level: Option<ProxyServiceCapacity>,
+}
+
+/// The fields of the proxy's headline this tool reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProxyServiceCapacity {
+    /// The highest level served at the objective (a lower bound while not `reached`).
+    #[serde(default)]
+    pub in_flight: Option<u32>,
+    /// Whether a level above it missed.
+    #[serde(default)]
+    pub reached: bool,
+    /// The proxy's own sentence for it.
+    pub text: String,
+    /// The objective, as the proxy states it.
+    #[serde(default)]
+    pub objective_text: String,
 }
 
 /// TTFT percentiles of a proxy capacity row.
@@ -113,14 +132,25 @@ pub struct ProxyCapacityRow {
     pub ttft_ms: ProxyTtft,
 }
 
-/// The proxy's production-traffic curve now; None when `/stats` has none.
-pub async fn capacity(client: &HttpClient) -> Option<Vec<ProxyCapacityRow>> {
-    let (status, body) = client.get_json("/stats").await.ok()?;
+/// The proxy's production-traffic curve and its capacity at the service level now; each None
+/// when `/stats` has none.
+pub async fn capacity(
+    client: &HttpClient,
+) -> (Option<Vec<ProxyCapacityRow>>, Option<ProxyServiceCapacity>) {
+    let Ok((200, Some(body))) = client.get_json("/stats").await else {
+        return (None, None);
+    };
     let rows = body
-        .filter(|_| status == 200)?
-        .get("capacity_production")?
-        .clone();
-    serde_json::from_value(rows).ok()
+        .get("capacity_production")
+        .and_then(|r| serde_json::from_value(r.clone()).ok());
+    let sl = body.get("service_level");
+    let headline = sl.and_then(|v| {
+        let mut c: ProxyServiceCapacity =
+            serde_json::from_value(v.get("capacity")?.clone()).ok()?;
+        c.objective_text = v.get("objective_text")?.as_str()?.to_string();
+        Some(c)
+    });
+    (rows, headline)
 }
 
 /// Whether `base` is a tokenmeter proxy, with a one-line note.

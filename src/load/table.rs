@@ -252,6 +252,14 @@ fn run_peak(p: &ProxyReport, client_peak: usize) -> u32 {
 /// everything the proxy saw since it started (earlier runs, other clients), which the title
 /// says; levels above this run's peak cannot be this run's and are left out.
 fn proxy_capacity(out: &mut String, p: &ProxyReport, peak: u32) {
+    if let Some(c) = &p.service_level {
+        let _ = writeln!(
+            out,
+            "\nProxy capacity at the service level (/stats service_level, everything the proxy has \
+             seen since it started): {}\n  objective: {}",
+            c.text, c.objective_text
+        );
+    }
     let Some(rows) = &p.capacity_production else {
         return;
     };
@@ -358,9 +366,20 @@ mod tests {
             samples: Vec::new(),
             steady_10s: None,
             capacity_production: Some((1..=16).map(row).collect()),
+            service_level: Some(crate::load::stats::ProxyServiceCapacity {
+                in_flight: Some(10),
+                reached: true,
+                text: "10 (pace binds at 11)".into(),
+                objective_text: "TTFT ≤ 1000 ms".into(),
+            }),
         };
         let mut out = String::new();
         proxy_capacity(&mut out, &p, run_peak(&p, 8));
+        assert!(
+            out.contains("Proxy capacity at the service level (/stats service_level")
+                && out.contains("): 10 (pace binds at 11)\n  objective: TTFT ≤ 1000 ms"),
+            "{out}"
+        );
         assert!(out.contains("not only this run"), "{out}");
         assert!(
             out.contains("(8 higher levels from other traffic left out)"),

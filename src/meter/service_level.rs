@@ -22,7 +22,7 @@ use crate::clock::NANOS_PER_SEC;
 use crate::slo::{SloConfig, SloMiss, Verdict};
 
 use super::levels::LevelSums;
-use super::step_model::StepModel;
+use super::step_model::{StepModel, MODEL_MIN_S};
 use super::summary::Z95;
 
 /// Verdicts counted at one level.
@@ -196,6 +196,8 @@ pub struct ServiceLevelView {
     pub curve: &'static str,
     /// The objective judged against.
     pub objective: SloConfig,
+    /// The objective in words ([`SloConfig::describe`]), so every view states it alike.
+    pub objective_text: String,
     /// The headline.
     pub capacity: ServiceCapacity,
     /// One row per level with judged requests or clean time.
@@ -319,7 +321,8 @@ pub fn service_level_view(
             let c = verdicts.levels().get(&n).copied().unwrap_or_default();
             let s = sums.get(&n).copied().unwrap_or_default();
             let seconds = s.clean_ns as f64 / NANOS_PER_SEC as f64;
-            let gen = (seconds > 0.0).then(|| s.clean_tokens / seconds);
+            // Less clean time than the model takes is a handful of decode steps: no rate.
+            let gen = (seconds >= MODEL_MIN_S).then(|| s.clean_tokens / seconds);
             let token_share = (c.judged_tokens > 0.0).then(|| c.met_tokens / c.judged_tokens);
             let (model_pace, band) = match &model {
                 Some(m) => {
@@ -349,6 +352,7 @@ pub fn service_level_view(
     ServiceLevelView {
         curve: "production",
         objective: *slo,
+        objective_text: slo.describe(),
         capacity: capacity(&rows, slo),
         levels: rows,
         model,

@@ -16,7 +16,7 @@ use super::levels::LevelSums;
 use super::summary::Z95;
 
 /// Levels with less clean time than this give the model no point (their τ is noise).
-const MODEL_MIN_S: f64 = 0.5;
+pub const MODEL_MIN_S: f64 = 0.5;
 
 /// The fitted decode-step model `τ(N) = a + b·N` (ms per token per sequence).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

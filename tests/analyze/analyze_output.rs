@@ -32,7 +32,32 @@ fn svgs_parse_and_have_one_series_element_per_line() {
     let r = analyze(&[fixture()], &AnalyzeOptions::default()).unwrap();
     let plots = svg::all(&r);
     let names: Vec<&str> = plots.iter().map(|p| p.0).collect();
-    assert_eq!(names, ["capacity.svg", "ttft.svg", "timeline.svg"]);
+    assert_eq!(
+        names,
+        [
+            "service_level.svg",
+            "capacity.svg",
+            "ttft.svg",
+            "timeline.svg"
+        ]
+    );
+    // The service-level plot: one point per level with a rate, thin ones hollow, the line drawn.
+    let sl = roxmltree::Document::parse(&plots[0].1).unwrap();
+    let dots = sl
+        .descendants()
+        .filter(|n| n.has_tag_name("circle") && n.attribute("data-n").is_some())
+        .count();
+    let rated = r
+        .service_level
+        .levels
+        .iter()
+        .filter(|l| l.per_request_tok_s.is_some())
+        .count();
+    assert_eq!(dots, rated);
+    assert!(sl
+        .descendants()
+        .any(|n| n.attribute("class") == Some("service-line")));
+    let plots = &plots[1..];
     let prod = r
         .capacity_production
         .iter()
@@ -56,7 +81,7 @@ fn svgs_parse_and_have_one_series_element_per_line() {
         series_of(&plots[2].1),
         [("generated tok/s".into(), 360), ("in flight".into(), 360)]
     );
-    for (_, text) in &plots {
+    for (_, text) in plots {
         let doc = roxmltree::Document::parse(text).unwrap();
         let ticks = doc
             .descendants()
@@ -74,7 +99,12 @@ fn an_empty_report_still_plots_valid_svg() {
     std::fs::write(&path, b"").unwrap();
     let r = analyze(&[path], &AnalyzeOptions::default()).unwrap();
     for (name, text) in svg::all(&r) {
-        let want = if name == "capacity.svg" { 4 } else { 2 };
+        assert!(roxmltree::Document::parse(&text).is_ok(), "{name}");
+        let want = match name {
+            "capacity.svg" => 4,
+            "service_level.svg" => 0,
+            _ => 2,
+        };
         assert_eq!(series_of(&text).len(), want);
     }
 }
@@ -160,12 +190,17 @@ fn binary_prints_tables_and_writes_json_svg_and_html() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     validate(&v);
     assert_eq!(v["summary"]["users"], 1);
-    for f in ["capacity.svg", "ttft.svg", "timeline.svg"] {
+    for f in [
+        "service_level.svg",
+        "capacity.svg",
+        "ttft.svg",
+        "timeline.svg",
+    ] {
         let text = std::fs::read_to_string(dir.path("svg").join(f)).unwrap();
         assert!(roxmltree::Document::parse(&text).is_ok());
     }
     let page = std::fs::read_to_string(&html).unwrap();
-    assert_eq!(page.matches("<svg ").count(), 3);
+    assert_eq!(page.matches("<svg ").count(), 4);
     assert!(page.contains("<table>") && page.contains("Capacity"));
     assert!(
         !page.contains("src=\"http") && !page.contains("href=\"http"),

@@ -255,6 +255,11 @@ fn demo_runs_the_simulator_behind_the_proxy() {
         summary.contains("agent-0") && summary.contains("tok/s"),
         "{summary}"
     );
+    // Three seconds of two agents judge too few requests for an answer: it says so, and why.
+    assert!(
+        summary.contains("capacity        : at the service level, not known yet: no level has 20 judged requests"),
+        "{summary}"
+    );
     let log_line = summary
         .lines()
         .find(|l| l.contains("access log"))

@@ -286,6 +286,47 @@ async fn the_page_shows_what_stats_said_in_the_snapshot_it_drew() {
         agrees("cap ttft p90", &r[6], &c["ttft_ms"]["p90"], 1);
     }
 
+    // The capacity at the service level: the top tile is /stats' headline, "≥ N" while not
+    // reached, and the per-level table is its rows (thin ones marked).
+    let sl = &snap["service_level"];
+    let c = &sl["capacity"];
+    let headline = match c["in_flight"].as_u64() {
+        None => "–".to_string(),
+        Some(n) if c["reached"].as_bool().unwrap() => n.to_string(),
+        Some(n) => format!("≥ {n}"),
+    };
+    assert_eq!(text_at(&dom, "id=\"sl_capacity\""), headline);
+    assert_eq!(
+        body_attr(&dom, "data-capacity"),
+        c["in_flight"]
+            .as_u64()
+            .map_or(String::new(), |n| n.to_string())
+    );
+    assert!(
+        c["in_flight"].as_u64().is_some(),
+        "1,000 one-shot requests make level 1 non-thin: {c}"
+    );
+    let levels = sl["levels"].as_array().unwrap();
+    let table = rows(&dom, "service_level");
+    assert_eq!(table.len(), levels.len());
+    for (r, l) in table.iter().zip(levels) {
+        let n = l["in_flight"].as_u64().unwrap();
+        let thin = l["thin"].as_bool().unwrap();
+        assert_eq!(
+            r[0],
+            if thin {
+                format!("{n} (thin)")
+            } else {
+                n.to_string()
+            }
+        );
+        agrees("judged", &r[1], &l["requests"], 0);
+        agrees("attainment", &r[2], &l["attainment_pct"], 1);
+        agrees("clean s", &r[5], &l["seconds"], 1);
+        agrees("per-request", &r[7], &l["per_request_tok_s"], 1);
+        agrees("goodput", &r[9], &l["goodput_tok_s"], 1);
+    }
+
     // The cross-check against the simulator's counters, and the log counters.
     let sv = &w["server"];
     let server = rows(&dom, "server");

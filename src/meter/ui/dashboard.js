@@ -1,12 +1,12 @@
 "use strict";
 // The live dashboard: polls /stats (one window) and /stats/timeline every second and redraws in
 // place. Every number comes from those documents as they are; the page derives only the share
-// column, the window's time axis and the knee (the rule `tokenmeter analyze` uses).
+// column and the window's time axis. The capacity answer is /stats' service_level, shown as it
+// is: the page draws no conclusion of its own (no knee from a level with a second of data).
 
 const POLL_MS = 1000;
 const PAGE_ROWS = 20;
 const TIMELINE_S = 300;
-const KNEE_FACTOR = 2.0;
 const SVG_NS = "http://www.w3.org/2000/svg";
 // Outcomes that are errors of the box (the server or the proxy failed): the only ones shown in
 // red. client_aborted (a client that gave up, load's own deadline included) and client_error (its
@@ -101,6 +101,7 @@ function render() {
   renderTimeline(state.timeline);
   renderPercentiles(w);
   renderServer(s, w);
+  renderServiceLevel(s.service_level);
   renderCapacity(s.capacity);
   renderUsers(s, w);
   renderHealth(s);
@@ -368,25 +369,91 @@ function renderTimeline(t) {
   polyline(svg, "inf", inf);
 }
 
-// The knee: the first level whose TTFT p90 exceeds KNEE_FACTOR x the p90 at the lowest level
-// with one (the rule of `tokenmeter analyze`).
-function knee(rows) {
-  const withP90 = rows.filter((r) => r.ttft_ms && r.ttft_ms.p90 !== null);
-  if (!withP90.length) return null;
-  const base = withP90[0];
-  const k = withP90.find((r) => r.in_flight > base.in_flight && r.ttft_ms.p90 > KNEE_FACTOR * base.ttft_ms.p90);
-  return k ? { n: k.in_flight, base } : null;
+// The headline tile, the per-level table and the pace chart, from /stats' service_level.
+function slHeadline(c) {
+  if (c.in_flight === null) return "–";
+  return (c.reached ? "" : "≥ ") + c.in_flight;
+}
+
+function renderServiceLevel(v) {
+  const c = v.capacity;
+  setText("sl_capacity", slHeadline(c));
+  setText("sl_note", c.in_flight === null ? c.text : c.reached
+    ? (c.binds || "attainment") + " binds at " + c.first_miss
+    : "not reached: no level has missed yet");
+  $("sl_capacity").className = c.in_flight === null ? "" : "okc";
+  document.body.dataset.capacity = c.in_flight === null ? "" : String(c.in_flight);
+  document.body.dataset.capacityReached = String(c.reached);
+  setText("sl_min", String(v.objective.min_requests));
+  setText("sl_objective", "Objective: " + v.objective_text + ". Capacity: " + c.text +
+    (v.model ? ". Decode-step model τ(N) = " + num(v.model.a_ms, 2) + " + " + num(v.model.b_ms, 3) +
+      " × N ms, fitted to " + v.model.levels + " levels (N " + v.model.range[0] + "–" + v.model.range[1] + ")"
+      : ". No decode-step model: " + v.model_reason) + ".");
+  const rows = v.levels;
+  const body = $("service_level").tBodies[0];
+  while (body.rows.length > rows.length) body.deleteRow(-1);
+  rows.forEach((r, i) => {
+    const tr = body.rows[i] || body.insertRow();
+    while (tr.cells.length < 10) tr.insertCell();
+    tr.id = "sl-" + r.in_flight;
+    tr.className = r.thin ? "thin" : "";
+    const m = r.missed;
+    const vals = [
+      String(r.in_flight) + (r.thin ? " (thin)" : ""),
+      String(r.requests),
+      num(r.attainment_pct, 1),
+      r.attainment_ci_pct ? num(r.attainment_ci_pct[0], 1) + " – " + num(r.attainment_ci_pct[1], 1) : "–",
+      [m.ttft, m.pace, m.ttft_pace, m.e2e, m.error].join(" / "),
+      num(r.seconds, 1),
+      num(r.gen_tok_s, 1) + (r.gen_tok_s_ci === null ? "" : " ± " + num(r.gen_tok_s_ci, 1)),
+      num(r.per_request_tok_s, 1),
+      r.model_per_request_tok_s === null ? "–"
+        : num(r.model_per_request_tok_s, 1) + " [" + num(r.model_band_tok_s[0], 1) + " – " + num(r.model_band_tok_s[1], 1) + "]",
+      num(r.goodput_tok_s, 1),
+    ];
+    vals.forEach((x, j) => {
+      if (tr.cells[j].textContent !== x) tr.cells[j].textContent = x;
+    });
+  });
+
+  const svg = $("sl_chart");
+  svg.replaceChildren();
+  const W = 1000, H = 240, mg = { l: 56, r: 20, t: 10, b: 34 };
+  const paced = rows.filter((r) => r.per_request_tok_s !== null);
+  if (!paced.length) {
+    emptyChart(svg, W, H, "no level with clean time yet");
+    return;
+  }
+  const line = 1000 / v.objective.max_tpot_ms;
+  const maxN = Math.max(...rows.map((r) => r.in_flight), c.first_miss || 0) + 1;
+  const measuredTop = Math.max(line, ...paced.map((r) => r.per_request_tok_s));
+  const bandTop = Math.min(1.5 * measuredTop, Math.max(0, ...rows.filter((r) => r.model_band_tok_s).map((r) => r.model_band_tok_s[1])));
+  const ys = niceTicks(1.1 * Math.max(measuredTop, bandTop), 5);
+  const xs = niceTicks(maxN, 8);
+  const xOf = (n) => mg.l + ((W - mg.l - mg.r) * n) / xs.top;
+  const f = frame(svg, W, H, mg, xs.ticks.map((t) => [xOf(t), String(t)]), "requests in flight (N)", ys, "per-request tok/s", null, "");
+  const yOf = (t) => f.y0 - ((f.y0 - f.y1) * Math.min(t, ys.top)) / ys.top;
+  const modelled = rows.filter((r) => r.model_band_tok_s);
+  if (modelled.length) {
+    const band = modelled.map((r) => [xOf(r.in_flight), yOf(r.model_band_tok_s[1])])
+      .concat(modelled.slice().reverse().map((r) => [xOf(r.in_flight), yOf(r.model_band_tok_s[0])]));
+    svg.appendChild(el("polygon", { class: "band", points: band.map((p) => p.join(",")).join(" ") }));
+    polyline(svg, "model", modelled.map((r) => [xOf(r.in_flight), yOf(r.model_per_request_tok_s)]));
+  }
+  svg.appendChild(el("line", { class: "service", x1: f.x0, x2: f.x1, y1: yOf(line), y2: yOf(line) }));
+  if (c.in_flight) svg.appendChild(el("line", { class: "headline", x1: xOf(c.in_flight), x2: xOf(c.in_flight), y1: f.y1, y2: f.y0 }));
+  for (const r of paced) {
+    svg.appendChild(el("circle", { class: r.thin ? "dot-thin" : "dot-per", cx: xOf(r.in_flight), cy: yOf(r.per_request_tok_s), r: 4 }));
+  }
 }
 
 function renderCapacity(rows) {
-  const k = knee(rows);
   const body = $("capacity").tBodies[0];
   while (body.rows.length > rows.length) body.deleteRow(-1);
   rows.forEach((r, i) => {
     const tr = body.rows[i] || body.insertRow();
     while (tr.cells.length < 9) tr.insertCell();
     tr.id = "cap-" + r.in_flight;
-    tr.className = k && k.n === r.in_flight ? "knee" : "";
     const vals = [
       String(r.in_flight),
       String(r.seconds),
@@ -402,12 +469,6 @@ function renderCapacity(rows) {
       if (tr.cells[j].textContent !== v) tr.cells[j].textContent = v;
     });
   });
-  setText("knee_note", k
-    ? "knee at N = " + k.n + ": the first level whose TTFT p90 exceeds " + KNEE_FACTOR +
-      " × the p90 at N = " + k.base.in_flight + " (" + num(k.base.ttft_ms.p90, 1) + " ms)"
-    : "no knee so far (no level's TTFT p90 exceeds " + KNEE_FACTOR + " × the lowest level's)");
-  document.body.dataset.knee = k ? String(k.n) : "";
-
   const W = 500, H = 240, m = { l: 56, r: 50, t: 10, b: 34 };
   for (const id of ["cap_tput", "cap_ttft"]) $(id).replaceChildren();
   if (!rows.length) {
@@ -426,7 +487,6 @@ function renderCapacity(rows) {
   const f = frame(svg, W, H, m, xt, "requests in flight (N)", left, "aggregate tok/s", right, "per-request tok/s");
   const yL = (v) => f.y0 - ((f.y0 - f.y1) * v) / left.top;
   const yR = (v) => f.y0 - ((f.y0 - f.y1) * v) / right.top;
-  if (k) svg.appendChild(el("line", { class: "knee", x1: xOf(k.n), x2: xOf(k.n), y1: f.y1, y2: f.y0 }));
   polyline(svg, "gen", rows.map((r) => [xOf(r.in_flight), yL(r.gen_tok_s.mean)]));
   polyline(svg, "per", rows.map((r) => [xOf(r.in_flight), yR(r.per_request_tok_s.avg)]));
   for (const r of rows) {
@@ -439,7 +499,6 @@ function renderCapacity(rows) {
   const ty = niceTicks(Math.max(1, ...withT.map((r) => r.ttft_ms.p90 || r.ttft_ms.p50)), 5);
   const f2 = frame(svg2, W, H, m, xt, "requests in flight at arrival (N)", ty, "TTFT, ms", null, "");
   const y2 = (v) => f2.y0 - ((f2.y0 - f2.y1) * v) / ty.top;
-  if (k) svg2.appendChild(el("line", { class: "knee", x1: xOf(k.n), x2: xOf(k.n), y1: f2.y1, y2: f2.y0 }));
   for (const [key, cls] of [["p50", "p50"], ["p90", "p90"]]) {
     const pts = withT.filter((r) => r.ttft_ms[key] !== null).map((r) => [xOf(r.in_flight), y2(r.ttft_ms[key])]);
     polyline(svg2, cls, pts);
