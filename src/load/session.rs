@@ -140,9 +140,8 @@ impl Session {
     fn chat_body(&self, max_tokens: u32) -> Value {
         let mut msgs = vec![json!({"role": "system", "content": self.system})];
         msgs.extend(self.items.iter().map(|it| match it {
-            Item::User(t) => json!({"role": "user", "content": t}),
+            Item::User(t) | Item::ToolResult(t) => json!({"role": "user", "content": t}),
             Item::Assistant(t) => json!({"role": "assistant", "content": t}),
-            Item::ToolResult(t) => json!({"role": "user", "content": t}),
         }));
         json!({ "messages": msgs, "max_tokens": max_tokens })
     }
