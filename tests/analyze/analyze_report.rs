@@ -264,7 +264,7 @@ fn thin_levels_of_the_steady_curve_are_marked_and_left_out_of_the_plot() {
     );
     // Each phase has 120 steady seconds: thin below 200, not at the default 10.
     let thin = analyze(
-        &[path.clone()],
+        std::slice::from_ref(&path),
         &AnalyzeOptions {
             capacity_min_s: 200,
             ..AnalyzeOptions::default()

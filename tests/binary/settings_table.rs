@@ -21,12 +21,9 @@ fn read(path: &str) -> String {
 /// an array of objects (`[[upstreams]]`) contributes `name[].field` for each field of its
 /// element, read from a config that has one.
 fn code_settings() -> BTreeMap<String, Value> {
-    let mut with_upstream = ServeConfig::default();
-    with_upstream.upstreams = toml::from_str::<ServeConfig>(
-        "[[upstreams]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\n",
-    )
-    .unwrap()
-    .upstreams;
+    // The defaults but for one upstream (every key not given takes its default).
+    let with_upstream: ServeConfig =
+        toml::from_str("[[upstreams]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\n").unwrap();
     let full = serde_json::to_value(&with_upstream).unwrap();
     let defaults = serde_json::to_value(ServeConfig::default()).unwrap();
     let mut out = BTreeMap::new();
@@ -223,7 +220,7 @@ fn toml_keys(
         let key = format!("{prefix}{k}");
         match child {
             toml::Value::Table(_) if !code.contains_key(&key) => {
-                toml_keys(&format!("{key}."), child, code, out)
+                toml_keys(&format!("{key}."), child, code, out);
             }
             toml::Value::Array(items) if items.first().is_some_and(toml::Value::is_table) => {
                 for item in items {
