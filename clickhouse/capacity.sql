@@ -1,4 +1,4 @@
--- analyze's capacity table (README "Capacity curve"): per level N with at least one steady
+-- analyze's capacity table (docs/capacity.md, "Capacity curve"): per level N with at least one steady
 -- second, the steady seconds' generated tokens (mean, sample stdev), each request's share, the
 -- min/max tok/s of requests whose life level rounds to N, TTFT percentiles (nearest rank) of
 -- requests that arrived at N (cold starts excluded), scaling vs N = 1 and the marginal gain.

@@ -1,4 +1,4 @@
--- analyze's production-traffic curve (README "Production-traffic curve", `capacity_production`
+-- analyze's production-traffic curve (docs/capacity.md, "Production-traffic curve", `capacity_production`
 -- in `analyze --json` and `/stats`): per level N with time at it, the clean and guarded seconds
 -- (tm_production_levels), the clean tokens, the aggregate rate over the clean time, the same
 -- over all the time at N, and the figures of the capacity table's sources: min/max tok/s of

@@ -1,5 +1,5 @@
--- The definitions analyze applies to the access log (README "Measurement definitions" and
--- "tokenmeter analyze"), as views over access_log. Times are Unix nanoseconds on the proxy's
+-- The definitions analyze applies to the access log (docs/measurement.md and
+-- docs/analyze.md), as views over access_log. Times are Unix nanoseconds on the proxy's
 -- timeline; milliseconds become nanoseconds rounded half away from zero, as analyze rounds.
 
 -- Generation requests (chat and text completions) with their instants.
@@ -118,7 +118,7 @@ GROUP BY a.id
 UNION ALL
 SELECT 0 AS id, tok_s, in_flight_at_start AS level FROM tm_generation WHERE end_ns <= start_ns;
 
--- The production-traffic curve (README "Production-traffic curve"), as analyze replays the live
+-- The production-traffic curve (docs/capacity.md, "Production-traffic curve"), as analyze replays the live
 -- meter's level attribution. Each generation request of non-zero length with: its first token
 -- (the TTFT; a line with a token curve but no TTFT has the curve's first point; at most the
 -- end), whether its guard closes there, and where the tokens its curve does not hold are spread

@@ -91,8 +91,14 @@ TOKENMETER_LOG=info "$BIN" serve --listen 127.0.0.1:0 --upstream "http://$sim_ad
     --access-log "$work/access.jsonl" > "$work/serve.log" 2>&1 &
 pids+=($!)
 proxy_addr=$(wait_addr "$work/serve.log" "${pids[-1]}" "tokenmeter serve")
+# A second proxy whose upstream refuses connections: its own 502s, as the SDKs read them.
+closed_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+TOKENMETER_LOG=info "$BIN" serve --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$closed_port" \
+    > "$work/serve-down.log" 2>&1 &
+pids+=($!)
+down_addr=$(wait_addr "$work/serve-down.log" "${pids[-1]}" "tokenmeter serve (upstream down)")
 echo "sdk_acceptance: sim at $sim_addr, proxy at $proxy_addr; SDKs: $(grep -E '^(openai|anthropic)==' "$REQ" | tr '\n' ' ')"
 
-TM_PROXY="http://$proxy_addr" TM_SIM="http://$sim_addr" TM_ACCESS_LOG="$work/access.jsonl" TM_MODEL="$MODEL" \
+TM_PROXY="http://$proxy_addr" TM_PROXY_DOWN="http://$down_addr" TM_SIM="http://$sim_addr" TM_ACCESS_LOG="$work/access.jsonl" TM_MODEL="$MODEL" \
     timeout "$RUN_TIMEOUT_S" "$VENV/bin/python" tests/sdk/acceptance.py \
     || fail "the SDK checks failed (see above)"

@@ -1,9 +1,10 @@
-//! Errors the proxy answers itself, as OpenAI-shaped JSON with the right status.
+//! Errors the proxy answers itself, as JSON in the shape of the API the path belongs to, with the
+//! right status.
 //!
 //! This module owns the error vocabulary of everything the proxy writes itself (its own errors
-//! and `/stats*`): vLLM's shape, `{"error":{"message","type","param","code"}}`, with `type` one
-//! of the [`kind`] names and `code` the HTTP status as a number, as vLLM sends them. A client then
-//! reads one vocabulary whether vLLM or the proxy answered.
+//! and `/stats*`), in the two shapes vLLM 0.32 itself answers errors in ([`ErrorShape`]), with
+//! `type` one of the [`kind`] names, as vLLM sends them. A client then reads one vocabulary
+//! whether vLLM or the proxy answered, and cannot tell the proxy's error from vLLM's.
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -30,6 +31,43 @@ pub mod kind {
     pub const SERVICE_UNAVAILABLE: &str = "ServiceUnavailableError";
     /// 504.
     pub const GATEWAY_TIMEOUT: &str = "GatewayTimeoutError";
+}
+
+/// How an error body is laid out: the shape a client of the path's API reads, as vLLM writes it.
+/// Which API a path belongs to, and so its shape, is the dialect's (`dialect::error_shape`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ErrorShape {
+    /// OpenAI's (chat, completions, Responses, and every other path, `/stats*` included):
+    /// `{"error":{"message","type","param","code"}}` with `code` the status number.
+    #[default]
+    OpenAi,
+    /// Anthropic Messages' (`/v1/messages` and the routes under it), as vLLM 0.32 answers its own
+    /// Messages errors (recorded: `tests/fixtures/vllm/agents/m07_messages_unknown_model.http`,
+    /// `m08_messages_stream_too_long.http`): Anthropic's envelope
+    /// `{"type":"error","error":{"type","message"}}` with vLLM's `type` names
+    /// (`NotFoundError`, `BadRequestError`), not Anthropic's (`not_found_error`, ...). The
+    /// Anthropic SDK picks its exception class by the status and reads `error.message`.
+    Messages,
+}
+
+/// The error body in `shape`.
+pub fn error_body_in(
+    shape: ErrorShape,
+    status: StatusCode,
+    kind: &str,
+    message: &str,
+    param: Option<&str>,
+) -> Bytes {
+    match shape {
+        ErrorShape::OpenAi => error_body(status, kind, message, param),
+        ErrorShape::Messages => {
+            let v = serde_json::json!({
+                "type": "error",
+                "error": { "type": kind, "message": message },
+            });
+            Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+        }
+    }
 }
 
 /// The error body: `{"error":{"message","type","param","code"}}` with `code` the status number.
@@ -157,9 +195,14 @@ impl ProxyError {
         }
     }
 
-    /// The JSON body ([`error_body`]).
+    /// The JSON body in OpenAI's shape ([`error_body`]).
     pub fn body(&self) -> Bytes {
-        error_body(self.status, self.kind, &self.message, self.param)
+        self.body_in(ErrorShape::OpenAi)
+    }
+
+    /// The JSON body in `shape` ([`error_body_in`]): the shape of the path's API.
+    pub fn body_in(&self, shape: ErrorShape) -> Bytes {
+        error_body_in(shape, self.status, self.kind, &self.message, self.param)
     }
 }
 
@@ -178,5 +221,19 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("connection refused"));
+    }
+
+    #[test]
+    fn messages_body_is_vllms_messages_error() {
+        let e = ProxyError::bad_gateway("connection refused");
+        let body = e.body_in(ErrorShape::Messages);
+        let text = std::str::from_utf8(&body).unwrap();
+        assert!(
+            text.starts_with(r#"{"type":"error","error":{"type":"BadGatewayError","message":"#),
+            "{text}"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v.as_object().unwrap().len(), 2);
+        assert_eq!(v["error"].as_object().unwrap().len(), 2);
     }
 }

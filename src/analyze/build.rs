@@ -344,6 +344,7 @@ fn saturation(
     Saturation {
         knee_factor,
         knee_basis: basis,
+        capacity_min_s: opts.capacity_min_s,
         levels,
         knee,
     }

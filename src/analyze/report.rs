@@ -239,6 +239,10 @@ pub struct Saturation {
     /// least `--capacity-min-s` seconds, when two or more), `"production"` (non-thin levels of
     /// the production curve, when the steady one is too thin), `"arrivals"` (every level seen).
     pub knee_basis: &'static str,
+    /// `--capacity-min-s`: a level of the steady curve with fewer steady seconds is thin — marked
+    /// `(thin)` in its table, left out of the plot, never the knee's basis — as a level of the
+    /// production curve with fewer clean seconds is.
+    pub capacity_min_s: u64,
     /// One row per observed `in_flight_at_start`.
     pub levels: Vec<SaturationLevel>,
     /// The first eligible level whose TTFT p90 exceeds `knee_factor` x the p90 at the lowest

@@ -215,16 +215,17 @@ fn series(name: &str, points: Vec<(f64, f64)>, right_axis: bool) -> Series {
 }
 
 /// Aggregate and per-request tok/s against N: the steady-only curve and the production-traffic
-/// curve (its non-thin rows).
+/// curve, each without its thin rows (fewer seconds than `--capacity-min-s`).
 pub fn capacity(r: &Report) -> String {
-    let agg = r
-        .capacity
-        .iter()
+    let steady = || {
+        r.capacity
+            .iter()
+            .filter(|c| c.seconds >= r.saturation.capacity_min_s)
+    };
+    let agg = steady()
         .map(|c| (c.in_flight as f64, c.gen_tok_s.mean))
         .collect();
-    let per = r
-        .capacity
-        .iter()
+    let per = steady()
         .map(|c| (c.in_flight as f64, c.per_request_tok_s.avg))
         .collect();
     let prod = |f: fn(&crate::meter::levels::ProductionRow) -> Option<f64>| {
@@ -234,7 +235,7 @@ pub fn capacity(r: &Report) -> String {
             .collect()
     };
     chart(
-        "Capacity curve (steady seconds; production traffic)",
+        "Capacity curve (steady seconds; production traffic; thin levels left out)",
         "requests in flight (N)",
         "tokens/s",
         None,

@@ -79,8 +79,9 @@ pub fn table(headers: &[String], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// The capacity rows as table cells.
-pub fn capacity_rows(rows: &[CapacityRow]) -> Vec<Vec<String>> {
+/// The capacity rows as table cells; a row with fewer than `min_s` steady seconds is marked
+/// `(thin)` in its last cell (too little time to conclude from).
+pub fn capacity_rows(rows: &[CapacityRow], min_s: u64) -> Vec<Vec<String>> {
     let mut prev = None;
     rows.iter()
         .map(|r| {
@@ -102,7 +103,11 @@ pub fn capacity_rows(rows: &[CapacityRow]) -> Vec<Vec<String>> {
                 format!("{} / {} / {}", num(t.p50, 0), num(t.p90, 0), num(t.p99, 0)),
                 r.scaling.map_or("—".into(), |s| format!("{s:.1}×")),
                 marginal_text(r, prev),
-                r.seconds.to_string(),
+                if r.seconds < min_s {
+                    format!("{} (thin)", r.seconds)
+                } else {
+                    r.seconds.to_string()
+                },
             ];
             prev = Some(r.in_flight);
             cells
@@ -284,7 +289,10 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
     ));
     out.push((
         "Capacity, steady-window curve (steady seconds only; the cross-check by the write-up's method)".into(),
-        grid(&CAPACITY_HEADERS, &capacity_rows(&r.capacity)),
+        grid(
+            &CAPACITY_HEADERS,
+            &capacity_rows(&r.capacity, r.saturation.capacity_min_s),
+        ),
     ));
     out.push((
         format!(
@@ -299,7 +307,10 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
                 "Capacity of upstream {} ({} requests; N is its own in-flight level)",
                 u.upstream, u.requests
             ),
-            grid(&CAPACITY_HEADERS, &capacity_rows(&u.capacity)),
+            grid(
+                &CAPACITY_HEADERS,
+                &capacity_rows(&u.capacity, r.saturation.capacity_min_s),
+            ),
         ));
     }
     let knee = r.saturation.knee.as_ref();
@@ -344,7 +355,7 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
                 "TTFT p50",
                 "p90",
                 "p99",
-                "",
+                "Knee",
             ],
             &sat,
         ),

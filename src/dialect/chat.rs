@@ -48,6 +48,7 @@ pub const SPEC: ApiSpec = ApiSpec {
         user: &["user"],
         key: KeyHeader::Bearer,
     },
+    error_shape: crate::error::ErrorShape::OpenAi,
 };
 
 impl Dialect for OpenAiStyle {

@@ -24,6 +24,7 @@ pub const SPEC: ApiSpec = ApiSpec {
         user: &["user"],
         key: KeyHeader::Bearer,
     },
+    error_shape: crate::error::ErrorShape::OpenAi,
 };
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ pub const SPEC: ApiSpec = ApiSpec {
             version: "2023-06-01",
         },
     },
+    error_shape: crate::error::ErrorShape::Messages,
 };
 
 #[derive(Deserialize)]

@@ -12,6 +12,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::ErrorShape;
 use crate::fold::{AsStream, Unfoldable};
 use crate::openai::ServerTimings;
 
@@ -92,6 +93,8 @@ pub struct ApiSpec {
     pub dialect: &'static dyn Dialect,
     /// How a client writes its requests.
     pub client: ClientShape,
+    /// The shape of the errors a client of this API reads (the proxy's own are written in it).
+    pub error_shape: ErrorShape,
 }
 
 /// How a client (`load`) writes a request of an API. Whether a stream asks for usage follows from
@@ -236,9 +239,41 @@ pub fn detect(path: &str) -> Option<Api> {
     Api::ALL.into_iter().find(|a| a.dialect().matches(path))
 }
 
+/// The shape of errors on `path`: its API's ([`ApiSpec::error_shape`]), for the API's route
+/// and the routes under it (`/v1/messages/count_tokens` is Anthropic's too); OpenAI's for every
+/// other path.
+pub fn error_shape(path: &str) -> ErrorShape {
+    let path = path.split('?').next().unwrap_or(path);
+    let api = detect(path).or_else(|| {
+        Api::ALL.into_iter().find(|a| {
+            path.match_indices(a.path())
+                .any(|(i, m)| path[i + m.len()..].starts_with('/'))
+        })
+    });
+    api.map_or(ErrorShape::OpenAi, |a| a.spec().error_shape)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_shapes_follow_the_api() {
+        assert_eq!(error_shape("/v1/messages"), ErrorShape::Messages);
+        assert_eq!(
+            error_shape("/u/ann/v1/messages?beta=true"),
+            ErrorShape::Messages
+        );
+        assert_eq!(
+            error_shape("/v1/messages/count_tokens"),
+            ErrorShape::Messages
+        );
+        assert_eq!(error_shape("/v1/chat/completions"), ErrorShape::OpenAi);
+        assert_eq!(error_shape("/v1/responses/resp_1"), ErrorShape::OpenAi);
+        assert_eq!(error_shape("/v1/models"), ErrorShape::OpenAi);
+        assert_eq!(error_shape("/v1/xmessages"), ErrorShape::OpenAi);
+        assert_eq!(error_shape("/"), ErrorShape::OpenAi);
+    }
 
     #[test]
     fn routes_are_detected() {

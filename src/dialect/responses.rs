@@ -29,6 +29,7 @@ pub const SPEC: ApiSpec = ApiSpec {
         user: &["user"],
         key: KeyHeader::Bearer,
     },
+    error_shape: crate::error::ErrorShape::OpenAi,
 };
 
 #[derive(Deserialize)]

@@ -5,7 +5,7 @@
 //! Two halves per API, each in that API's file:
 //! - the *rule*: which requests may be sent as streams. It is decided before anything is sent, so it
 //!   only admits requests whose streamed answer is known to rebuild into vLLM's non-streamed one
-//!   (README, "TTFT for non-streamed requests", lists what is refused and why);
+//!   (docs/proxy.md, "TTFT for non-streamed requests", lists what is refused and why);
 //! - the *fold*: a pure accumulator fed the stream's SSE events, holding only what the answer
 //!   needs (its text, logprobs, finish reasons, usage), that writes vLLM 0.32's non-streamed JSON
 //!   with the same members in the same order. Anything in the stream it does not know stops it

@@ -48,7 +48,8 @@ pub async fn handle(
         let err = ProxyError::bad_request(
             "Content-Length together with Transfer-Encoding is not accepted.",
         );
-        let mut r = Response::new(ProxyBody::Full(Some(err.body())));
+        let shape = crate::dialect::error_shape(req.uri().path());
+        let mut r = Response::new(ProxyBody::Full(Some(err.body_in(shape))));
         *r.status_mut() = err.status;
         let h = r.headers_mut();
         h.insert(
@@ -595,7 +596,8 @@ fn respond_error(
     why: &str,
 ) -> Response<ProxyBody> {
     tracker.set_status(err.status.as_u16());
-    let body = err.body();
+    // In the shape of the path's API: a Messages client reads Anthropic's envelope.
+    let body = err.body_in(crate::dialect::error_shape(&tracker.meta_mut().path));
     tracker.on_sent(body.len());
     let now = tracker.now();
     tracker.finish(outcome, Some(why), now);

@@ -156,7 +156,7 @@ impl Refusals for ProxyState {
                 "request head malformed",
             )
         };
-        let body = err.body();
+        let body = err.body_in(crate::dialect::error_shape(&path));
         tracker.set_status(err.status.as_u16());
         tracker.on_sent(body.len());
         let id = tracker.request_id();

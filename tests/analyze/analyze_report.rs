@@ -243,3 +243,55 @@ fn a_request_ending_as_the_next_begins_keeps_the_second_steady() {
     assert_eq!(row.per_request_tok_s.min, Some(10.0));
     assert_eq!(row.per_request_tok_s.max, Some(10.0));
 }
+
+/// The `points` of the plot's series named `name`.
+fn series_points<'a>(svg: &'a str, name: &str) -> &'a str {
+    let at = svg
+        .find(&format!("data-series=\"{name}\""))
+        .unwrap_or_else(|| panic!("no series {name} in {svg}"));
+    let rest = &svg[at..];
+    let start = rest.find("points=\"").unwrap() + "points=\"".len();
+    let end = rest[start..].find('"').unwrap();
+    &rest[start..start + end]
+}
+
+#[test]
+fn thin_levels_of_the_steady_curve_are_marked_and_left_out_of_the_plot() {
+    let dir = TempDir::new("thin");
+    let path = write(
+        &dir.path("access.jsonl"),
+        &lines_of(&synth::steady_phases()),
+    );
+    // Each phase has 120 steady seconds: thin below 200, not at the default 10.
+    let thin = analyze(
+        std::slice::from_ref(&path),
+        &AnalyzeOptions {
+            capacity_min_s: 200,
+            ..AnalyzeOptions::default()
+        },
+    )
+    .unwrap();
+    let text = tokenmeter::analyze::tables::render(&thin);
+    assert_eq!(text.matches("| 120 (thin) |").count(), 3, "{text}");
+    let svg = tokenmeter::analyze::svg::capacity(&thin);
+    assert_eq!(series_points(&svg, "aggregate tok/s"), "", "{svg}");
+    let r = analyze(&[path], &AnalyzeOptions::default()).unwrap();
+    let text = tokenmeter::analyze::tables::render(&r);
+    assert!(!text.contains("(thin) |"), "{text}");
+    assert_eq!(
+        series_points(&tokenmeter::analyze::svg::capacity(&r), "aggregate tok/s")
+            .split(' ')
+            .count(),
+        3
+    );
+    // Every column of the saturation table is named.
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("| In flight at arrival"))
+        .unwrap();
+    assert!(
+        header.ends_with("| Knee |") || header.contains("| Knee "),
+        "{header}"
+    );
+    assert!(!header.contains("|  |"), "{header}");
+}

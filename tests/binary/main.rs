@@ -12,3 +12,4 @@ mod operate;
 mod packaging;
 mod serve_binary;
 mod serving_threads;
+mod settings_table;

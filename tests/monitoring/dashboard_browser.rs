@@ -5,7 +5,7 @@
 //!
 //! Needs Chromium (`.ci/run` installs the Debian package): `cargo test --release --test
 //! dashboard_browser -- --ignored --nocapture`. With `TOKENMETER_SCREENSHOT=path` the screenshot
-//! is copied there (the README's picture, `docs/dashboard.png`, comes from this test).
+//! is copied there (the picture in docs/monitoring.md, `docs/dashboard.png`, comes from this test).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

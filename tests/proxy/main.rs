@@ -12,6 +12,7 @@
 mod common;
 mod fold_support;
 
+mod error_shapes;
 mod fleet;
 mod fold_pairs;
 mod fold_rules;

@@ -1,4 +1,4 @@
-//! What `ttft_for_non_streamed` costs (README "TTFT for non-streamed requests"). Slow and
+//! What `ttft_for_non_streamed` costs (docs/proxy.md, "TTFT for non-streamed requests"). Slow and
 //! machine-dependent, so ignored by default:
 //! `cargo test --release --test proxy -- --ignored --nocapture --test-threads 1 nonstream_cost::`.
 //!

@@ -5,6 +5,7 @@ Run by scripts/sdk_acceptance.sh, which starts both processes and passes:
   TM_SIM         the simulator's base URL
   TM_ACCESS_LOG  the proxy's access log file
   TM_MODEL       the served model name
+  TM_PROXY_DOWN  a second proxy's base URL, whose upstream refuses connections (its own 502s)
 
 The simulator runs without its stop rule, so every request generates exactly its limit and the
 token counts below are exact. Every check is made; all failures are listed at the end, and the
@@ -26,6 +27,7 @@ PROXY = os.environ["TM_PROXY"]
 SIM = os.environ["TM_SIM"]
 ACCESS_LOG = os.environ["TM_ACCESS_LOG"]
 MODEL = os.environ["TM_MODEL"]
+PROXY_DOWN = os.environ["TM_PROXY_DOWN"]
 TIMEOUT_S = 30.0
 
 TOOL_PARAMS = {
@@ -242,6 +244,34 @@ def unknown_models():
     record("anthropic unknown model", key, False, status=404)
 
 
+def proxy_errors():
+    """The proxy's own 502 (its upstream refuses connections) as each SDK reads it: the exception
+    class of the status, with the proxy's message; on Messages in the envelope vLLM answers
+    Messages errors in, so the SDK cannot tell it from vLLM's."""
+    try:
+        anthropic.Anthropic(base_url=PROXY_DOWN, api_key="sk-ant-down", timeout=TIMEOUT_S, max_retries=0).messages.create(
+            model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "x"}]
+        )
+        check(False, "anthropic, upstream down: raised nothing")
+    except anthropic.InternalServerError as e:
+        check(e.status_code == 502, f"anthropic, upstream down: InternalServerError with status 502 ({e.status_code})")
+        body = e.body if isinstance(e.body, dict) else {}
+        check(
+            body.get("type") == "error" and body.get("error", {}).get("type") == "BadGatewayError",
+            f"anthropic, upstream down: Messages error envelope with vLLM's type ({e.body!r})",
+        )
+        check("The inference server is unavailable" in str(e), f"anthropic, upstream down: the proxy's message ({e})")
+    try:
+        openai.OpenAI(base_url=PROXY_DOWN + "/v1", api_key="sk-down", timeout=TIMEOUT_S, max_retries=0).chat.completions.create(
+            model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "x"}]
+        )
+        check(False, "openai, upstream down: raised nothing")
+    except openai.InternalServerError as e:
+        check(e.status_code == 502, f"openai, upstream down: InternalServerError with status 502 ({e.status_code})")
+        check("The inference server is unavailable" in str(e), f"openai, upstream down: the proxy's message ({e})")
+        check(e.type == "BadGatewayError", f"openai, upstream down: vLLM's error type ({e.type!r}, body {e.body!r})")
+
+
 def read_log(want_lines):
     """The access log's records once it holds `want_lines` of them (it is flushed when idle)."""
     deadline = time.time() + TIMEOUT_S
@@ -268,6 +298,7 @@ def main():
         ("Unknown model in both SDKs", unknown_models),
     ]:
         run_call(name, fn)
+    run_call("The proxy's own 502 in both SDKs", proxy_errors)
     generated = generation_tokens_total() - before
 
     print("Access log, /stats and the simulator's counter")
