@@ -190,8 +190,12 @@ pub struct RequestRecord {
     /// Milliseconds from arrival to the first streamed event that carries generated output of
     /// any kind (text, reasoning, tool-call name or arguments).
     pub ttft_ms: Option<f64>,
-    /// How `ttft_ms` was obtained: `"stream"` (the client's stream), `"upstream_stream"` (a
-    /// non-streamed request the proxy sent upstream as a stream); `null` when there is no TTFT.
+    /// How `ttft_ms` was obtained: `"stream"` (the first event of the client's stream that
+    /// showed output), `"upstream_stream"` (the same, on the stream the proxy sent upstream in
+    /// place of a non-streamed request); `"stream_end"` and `"upstream_stream_end"` when the
+    /// stream generated tokens (usage > 0) but showed no output before it ended (a tool call
+    /// whose arguments never streamed): the first event reporting the end (a finish reason or
+    /// the API's terminal event), and then no TPOT. `null` when there is no TTFT.
     #[serde(default)]
     pub ttft_source: Option<String>,
     /// Why a non-streamed request of an API with `ttft_for_non_streamed` on was not, or not to

@@ -136,6 +136,9 @@ pub struct Tracker {
     first_byte: Option<Instant>,
     ttft: Option<Instant>,
     bench_ttft: Option<Instant>,
+    /// The first streamed event that reported the generation's end (a finish reason, or the
+    /// API's terminal event): the TTFT of a stream that generated tokens but showed none.
+    generation_end: Option<Instant>,
     /// The last output event's time, on the Unix clock that observers get (one clock reading
     /// per event serves both the gap and the observers).
     last_output_ns: Option<UnixNanos>,
@@ -206,6 +209,7 @@ impl Tracker {
             first_byte: None,
             ttft: None,
             bench_ttft: None,
+            generation_end: None,
             last_output_ns: None,
             itl: None,
             waiting: false,
@@ -370,6 +374,9 @@ impl Tracker {
             if s.end && self.terminal == Terminal::NotYet {
                 self.terminal = Terminal::Read;
             }
+            if self.generation_end.is_none() && (s.end || s.finish_reason.is_some()) {
+                self.generation_end = Some(now);
+            }
         }
         self.counted += s.output as u64;
         if self.finish_reason.is_none() {
@@ -464,6 +471,7 @@ impl Tracker {
         self.first_byte = None;
         self.ttft = None;
         self.bench_ttft = None;
+        self.generation_end = None;
         self.last_output_ns = None;
         self.itl = None;
         self.usage_prompt = None;

@@ -12,6 +12,7 @@
 mod common;
 mod fold_support;
 
+mod agent_calls;
 mod fleet;
 mod fold_pairs;
 mod fold_rules;
