@@ -123,6 +123,22 @@ pub enum UserSource {
     Ip,
 }
 
+/// Where a request's session came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionSource {
+    /// A Codex header: `session-id`, `thread-id`, or `x-codex-turn-metadata`'s `session_id`.
+    CodexHeader,
+    /// Claude Code's `X-Claude-Code-Session-Id` header.
+    ClaudeHeader,
+    /// The body's `prompt_cache_key` (OpenAI clients that key their cache by conversation).
+    PromptCacheKey,
+    /// The `session_id` in Anthropic `metadata.user_id` when that is a JSON string.
+    MetadataUserId,
+    /// None of the above: a hash of the conversation's normalised opening.
+    Fingerprint,
+}
+
 /// One finished request, exactly one per request on every path.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
@@ -260,6 +276,39 @@ pub struct RequestRecord {
     /// end (non-streamed requests); absent in lines written before it.
     #[serde(default)]
     pub token_curve: Option<Vec<u32>>,
+    /// The agent session (docs/sessions.md; this and the session fields below are left out of
+    /// the line when `null`, so a request without a session costs no byte): a pseudonym, `s-` and 12 hex digits of the
+    /// SHA-256 of the id the agent sent, or `f-` and 12 hex digits of the fingerprint of the
+    /// conversation's opening; `null` for a request without either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Where `session` came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_source: Option<SessionSource>,
+    /// The turn within the conversation, from 1: 1 + the user messages that follow model output
+    /// or a tool's result; `null` without a conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u32>,
+    /// The call's rank in its session as this proxy saw it, from 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_call: Option<u32>,
+    /// Milliseconds from the end of the session's previous call to this call's arrival (the
+    /// agent's tools, its thinking, the human); `null` for a first call or overlapping calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_gap_ms: Option<f64>,
+    /// Prompt tokens a prefix cache could have served: the previous call's prompt and output
+    /// tokens in whole blocks, at most the prompt less one token; `null` unless the call extends
+    /// its session's previous call and both usages are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_expected_tokens: Option<u64>,
+    /// `prefix_expected_tokens` less `cached_prompt_tokens` (at least 0): tokens prefilled
+    /// again; `null` when either is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_lost_tokens: Option<u64>,
+    /// The audit's verdict: `kept`, `lost`, `first_call`, `not_an_extension`, `usage_unknown`,
+    /// `cached_unknown` (the server reported no cached tokens); `null` without a session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_audit: Option<String>,
     /// The request's ITL samples, for the meter's windows and the Prometheus histogram; not
     /// logged (the line has its summary figures).
     #[serde(skip)]

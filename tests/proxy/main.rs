@@ -13,6 +13,7 @@ mod common;
 mod fold_support;
 
 mod agent_calls;
+mod agent_sessions;
 mod fleet;
 mod fold_pairs;
 mod fold_rules;
