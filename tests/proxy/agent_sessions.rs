@@ -289,3 +289,36 @@ async fn without_ids_the_body_and_then_the_conversation_name_the_session() {
     assert_ne!(s[1], s[2]);
     assert_eq!(s[2], s[5]);
 }
+
+/// The cost of the session's reading per request, on the recorded bodies (40-50 KB): the skim
+/// the proxy already made (`RequestInfo::parse`, which now also finds the conversation) and the
+/// conversation's reading once the request is on its way. Ignored: a measurement, run by name
+/// (`cargo test --release --test proxy -- --ignored session_reading_cost --nocapture`).
+#[test]
+#[ignore]
+fn session_reading_cost() {
+    use tokenmeter::proxy::request::RequestInfo;
+    use tokenmeter::proxy::session::Conversation;
+    for agent in ["codex", "claude"] {
+        let (_, _, body) = recorded(agent, 6);
+        let body = body.into_bytes();
+        let rounds = 2000;
+        let t = std::time::Instant::now();
+        let mut range = None;
+        for _ in 0..rounds {
+            range = std::hint::black_box(RequestInfo::parse(&body)).conversation;
+        }
+        let skim = t.elapsed() / rounds;
+        let items = &body[range.unwrap()];
+        let t = std::time::Instant::now();
+        for _ in 0..rounds {
+            let raw: &serde_json::value::RawValue = serde_json::from_slice(items).unwrap();
+            std::hint::black_box(Conversation::read(raw));
+        }
+        let read = t.elapsed() / rounds;
+        eprintln!(
+            "{agent}: {} bytes, skim {skim:?} per request, conversation {read:?} per request",
+            body.len()
+        );
+    }
+}
