@@ -160,6 +160,30 @@ async fn recorded_agent_runs_land_in_their_sessions_and_turns() {
         // Calls 1-4 are the first turn of their conversation; the resume is the second.
         let turns: Vec<u64> = lines.iter().map(|l| l["turn"].as_u64().unwrap()).collect();
         assert_eq!(turns, [1, 1, 1, 1, 2, 2], "{agent}");
+        if agent == "codex" {
+            // Codex's own turn_id changes exactly where the rule starts a new turn.
+            let turn_ids: Vec<String> = (1..=6)
+                .map(|n| {
+                    let (_, h, _) = recorded(agent, n);
+                    let meta = &h
+                        .iter()
+                        .find(|(k, _)| k == "x-codex-turn-metadata")
+                        .unwrap()
+                        .1;
+                    let v: serde_json::Value = serde_json::from_str(meta).unwrap();
+                    v["turn_id"].as_str().unwrap().to_string()
+                })
+                .collect();
+            for i in 1..6 {
+                let same_session = s[i] == s[i - 1];
+                assert_eq!(
+                    same_session && turns[i] == turns[i - 1],
+                    turn_ids[i] == turn_ids[i - 1],
+                    "call {}",
+                    i + 1
+                );
+            }
+        }
         let calls: Vec<u64> = lines
             .iter()
             .map(|l| l["session_call"].as_u64().unwrap())
