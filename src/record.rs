@@ -11,6 +11,16 @@ mod line;
 /// Version of the access-log line format; `analyze` skips lines of other versions.
 pub const RECORD_SCHEMA: u32 = 1;
 
+/// The prefix audit's verdicts (`prefix_audit`), in a stable order (metrics, reports).
+pub const PREFIX_AUDIT_VERDICTS: [&str; 6] = [
+    "kept",
+    "lost",
+    "first_call",
+    "not_an_extension",
+    "usage_unknown",
+    "cached_unknown",
+];
+
 /// Longest `user_agent` logged, in characters (longer ones are cut).
 pub const MAX_USER_AGENT_CHARS: usize = 256;
 

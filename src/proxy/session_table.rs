@@ -261,5 +261,8 @@ mod tests {
             ("cached_unknown", Some(0), None)
         );
         assert_eq!(t.len(), 1);
+        for v in [a, b, c, d, e] {
+            assert!(crate::record::PREFIX_AUDIT_VERDICTS.contains(&v.verdict));
+        }
     }
 }

@@ -93,6 +93,14 @@ async fn replay(
     agent: &str,
     edit: impl Fn(&mut Vec<(String, String)>, &mut String),
 ) -> Vec<serde_json::Value> {
+    replay_with_metrics(agent, edit).await.0
+}
+
+/// [`replay`], with the proxy's Prometheus exposition after the six calls.
+async fn replay_with_metrics(
+    agent: &str,
+    edit: impl Fn(&mut Vec<(String, String)>, &mut String),
+) -> (Vec<serde_json::Value>, String) {
     let scripts = USAGE
         .iter()
         .map(|&(i, o, c)| match agent {
@@ -120,7 +128,9 @@ async fn replay(
         // The next call waits for this one's line: the audit reads the calls in order.
         proxy.log_lines(n).await;
     }
-    proxy.finish().await
+    let get = b"GET /stats/metrics HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n";
+    let metrics = String::from_utf8(raw_request(proxy.addr, get).await.body).unwrap();
+    (proxy.finish().await, metrics)
 }
 
 fn strs<'a>(lines: &'a [serde_json::Value], key: &str) -> Vec<&'a serde_json::Value> {
@@ -130,8 +140,25 @@ fn strs<'a>(lines: &'a [serde_json::Value], key: &str) -> Vec<&'a serde_json::Va
 #[tokio::test]
 async fn recorded_agent_runs_land_in_their_sessions_and_turns() {
     for (agent, source) in [("codex", "codex_header"), ("claude", "claude_header")] {
-        let lines = replay(agent, |_, _| {}).await;
+        let (lines, metrics) = replay_with_metrics(agent, |_, _| {}).await;
         assert_eq!(lines.len(), 6);
+        // Prometheus: the verdicts counted, the tokens summed (1008 + 1008 + 1120 + 1200
+        // expected, 496 lost), four gaps between calls; no session label.
+        for want in [
+            r#"tokenmeter_agent_calls_total{prefix_audit="kept"} 1"#,
+            r#"tokenmeter_agent_calls_total{prefix_audit="lost"} 1"#,
+            r#"tokenmeter_agent_calls_total{prefix_audit="first_call"} 2"#,
+            r#"tokenmeter_agent_calls_total{prefix_audit="cached_unknown"} 2"#,
+            "tokenmeter_prefix_expected_tokens_total 4336",
+            "tokenmeter_prefix_lost_tokens_total 496",
+            "tokenmeter_agent_call_gap_seconds_count 4",
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == want),
+                "{agent}: {want}\n{metrics}"
+            );
+        }
+        assert!(!metrics.contains("session="), "no session label");
         for l in &lines {
             assert_schema("record.schema.json", l);
             assert_eq!(l["session_source"], source, "{l}");
