@@ -88,7 +88,7 @@ pub fn agent_user_id(user_id: &str) -> Option<AgentUserId> {
     let session = ids
         .session_id
         .filter(|s| valid_id(s))
-        .map(|s| s.into_owned());
+        .map(std::borrow::Cow::into_owned);
     Some(AgentUserId { user, session })
 }
 
@@ -203,11 +203,10 @@ fn kind(v: &Value) -> Kind {
                 Kind::User
             }
         }
-        (Some("system" | "developer"), _) => Kind::Neutral,
-        (Some(_), _) => Kind::Agent,
-        // Responses items without a role: `function_call`, `function_call_output`, `reasoning`.
-        (None, Some(_)) => Kind::Agent,
-        (None, None) => Kind::Neutral,
+        (Some("system" | "developer"), _) | (None, None) => Kind::Neutral,
+        // The assistant, a tool; Responses items without a role: `function_call`,
+        // `function_call_output`, `reasoning`.
+        _ => Kind::Agent,
     }
 }
 

@@ -280,7 +280,7 @@ async fn without_ids_the_body_and_then_the_conversation_name_the_session() {
                 k.as_str(),
                 "session-id" | "thread-id" | "x-codex-turn-metadata"
             )
-        })
+        });
     })
     .await;
     let with_headers = replay("codex", |_, _| {}).await;
@@ -294,7 +294,7 @@ async fn without_ids_the_body_and_then_the_conversation_name_the_session() {
     );
     // Claude Code without its header: metadata.user_id's session_id.
     let lines = replay("claude", |h, _| {
-        h.retain(|(k, _)| k != "X-Claude-Code-Session-Id")
+        h.retain(|(k, _)| k != "X-Claude-Code-Session-Id");
     })
     .await;
     assert!(lines
