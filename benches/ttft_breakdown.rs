@@ -105,6 +105,7 @@ fn meta(user: &str) -> RequestMeta {
         n: None,
         bytes_in: BODY.len() as u64,
         trace: None,
+        session: None,
     }
 }
 

@@ -11,6 +11,16 @@ mod line;
 /// Version of the access-log line format; `analyze` skips lines of other versions.
 pub const RECORD_SCHEMA: u32 = 1;
 
+/// The prefix audit's verdicts (`prefix_audit`), in a stable order (metrics, reports).
+pub const PREFIX_AUDIT_VERDICTS: [&str; 6] = [
+    "kept",
+    "lost",
+    "first_call",
+    "not_an_extension",
+    "usage_unknown",
+    "cached_unknown",
+];
+
 /// Longest `user_agent` logged, in characters (longer ones are cut).
 pub const MAX_USER_AGENT_CHARS: usize = 256;
 
@@ -123,6 +133,22 @@ pub enum UserSource {
     Ip,
 }
 
+/// Where a request's session came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionSource {
+    /// A Codex header: `session-id`, `thread-id`, or `x-codex-turn-metadata`'s `session_id`.
+    CodexHeader,
+    /// Claude Code's `X-Claude-Code-Session-Id` header.
+    ClaudeHeader,
+    /// The body's `prompt_cache_key` (OpenAI clients that key their cache by conversation).
+    PromptCacheKey,
+    /// The `session_id` in Anthropic `metadata.user_id` when that is a JSON string.
+    MetadataUserId,
+    /// None of the above: a hash of the conversation's normalised opening.
+    Fingerprint,
+}
+
 /// One finished request, exactly one per request on every path.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
@@ -190,8 +216,12 @@ pub struct RequestRecord {
     /// Milliseconds from arrival to the first streamed event that carries generated output of
     /// any kind (text, reasoning, tool-call name or arguments).
     pub ttft_ms: Option<f64>,
-    /// How `ttft_ms` was obtained: `"stream"` (the client's stream), `"upstream_stream"` (a
-    /// non-streamed request the proxy sent upstream as a stream); `null` when there is no TTFT.
+    /// How `ttft_ms` was obtained: `"stream"` (the first event of the client's stream that
+    /// showed output), `"upstream_stream"` (the same, on the stream the proxy sent upstream in
+    /// place of a non-streamed request); `"stream_end"` and `"upstream_stream_end"` when the
+    /// stream generated tokens (usage > 0) but showed no output before it ended (a tool call
+    /// whose arguments never streamed): the first event reporting the end (a finish reason or
+    /// the API's terminal event), and then no TPOT. `null` when there is no TTFT.
     #[serde(default)]
     pub ttft_source: Option<String>,
     /// Why a non-streamed request of an API with `ttft_for_non_streamed` on was not, or not to
@@ -256,6 +286,39 @@ pub struct RequestRecord {
     /// end (non-streamed requests); absent in lines written before it.
     #[serde(default)]
     pub token_curve: Option<Vec<u32>>,
+    /// The agent session (docs/sessions.md; this and the session fields below are left out of
+    /// the line when `null`, so a request without a session costs no byte): a pseudonym, `s-` and 12 hex digits of the
+    /// SHA-256 of the id the agent sent, or `f-` and 12 hex digits of the fingerprint of the
+    /// conversation's opening; `null` for a request without either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Where `session` came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_source: Option<SessionSource>,
+    /// The turn within the conversation, from 1: 1 + the user messages that follow model output
+    /// or a tool's result; `null` without a conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u32>,
+    /// The call's rank in its session as this proxy saw it, from 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_call: Option<u32>,
+    /// Milliseconds from the end of the session's previous call to this call's arrival (the
+    /// agent's tools, its thinking, the human); `null` for a first call or overlapping calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_gap_ms: Option<f64>,
+    /// Prompt tokens a prefix cache could have served: the previous call's prompt and output
+    /// tokens in whole blocks, at most the prompt less one token; `null` unless the call extends
+    /// its session's previous call and both usages are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_expected_tokens: Option<u64>,
+    /// `prefix_expected_tokens` less `cached_prompt_tokens` (at least 0): tokens prefilled
+    /// again; `null` when either is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_lost_tokens: Option<u64>,
+    /// The audit's verdict: `kept`, `lost`, `first_call`, `not_an_extension`, `usage_unknown`,
+    /// `cached_unknown` (the server reported no cached tokens); `null` without a session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_audit: Option<String>,
     /// The request's ITL samples, for the meter's windows and the Prometheus histogram; not
     /// logged (the line has its summary figures).
     #[serde(skip)]

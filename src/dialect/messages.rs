@@ -44,6 +44,15 @@ struct Event<'a> {
     delta: Option<Delta<'a>>,
     #[serde(default)]
     usage: Option<Usage>,
+    #[serde(default, borrow)]
+    content_block: Option<Block<'a>>,
+}
+
+/// A content block, as `content_block_start` opens it: only its type is read.
+#[derive(Deserialize)]
+struct Block<'a> {
+    #[serde(rename = "type", default, borrow)]
+    kind: Option<Cow<'a, str>>,
 }
 
 /// The message object: in `message_start`, or a whole non-streamed body.
@@ -147,7 +156,14 @@ impl Dialect for Messages {
                 s.error = true;
                 s.end = true;
             }
-            // `content_block_start` (a tool's name included), `content_block_stop`, `ping`.
+            // A tool call's start is output: the model chose the tool and named it (vLLM may
+            // send no `input_json_delta` after it). A text or thinking block starts empty.
+            "content_block_start" => {
+                s.output = ev.content_block.is_some_and(|b| {
+                    matches!(b.kind.as_deref(), Some("tool_use" | "server_tool_use"))
+                }) as u32;
+            }
+            // `content_block_stop`, `ping`.
             _ => {}
         }
         Some(s)
@@ -222,7 +238,10 @@ mod tests {
     #[test]
     fn recorded_tool_stream_and_bodies() {
         let s = summaries("m04_messages_stream_tool_any.http");
-        assert_eq!(s[1].output, 0, "content_block_start with the tool's name");
+        assert_eq!(
+            s[1].output, 1,
+            "content_block_start opening the tool_use block"
+        );
         assert!(s.iter().map(|s| s.output).sum::<u32>() > 0);
         let raw = fixture("m05_messages_nonstream_tool_any.http");
         let body = raw.split("\r\n\r\n").nth(1).unwrap();
@@ -234,6 +253,24 @@ mod tests {
         let raw = fixture("m07_messages_unknown_model.http");
         let body = raw.split("\r\n\r\n").nth(1).unwrap();
         assert!(Messages.body(body.as_bytes()).unwrap().error);
+    }
+
+    #[test]
+    fn recorded_tool_only_streams() {
+        // The tool_use block's start is the stream's only output.
+        let s = summaries("toolonly/t04_messages_stream_any_tool_use_no_input_delta.http");
+        let outputs: Vec<u32> = s.iter().map(|s| s.output).collect();
+        assert_eq!(outputs, [0, 1, 0, 0, 0]);
+        // No content block at all: no output event; the end is `message_delta`'s stop reason
+        // and usage (24 tokens), then `message_stop`.
+        let s = summaries("toolonly/t03_messages_stream_any_tool_no_block.http");
+        assert!(s.iter().all(|s| s.output == 0));
+        assert_eq!(s[1].usage.unwrap().output, Some(24));
+        assert!(s[1].finish_reason.is_some() && s[2].end);
+        let text_start = Messages
+            .event(br#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#)
+            .unwrap();
+        assert_eq!(text_start.output, 0);
     }
 
     #[test]

@@ -40,6 +40,24 @@ struct Event<'a> {
     delta: Option<&'a RawValue>,
     #[serde(default, borrow)]
     response: Option<Response<'a>>,
+    #[serde(default, borrow)]
+    item: Option<Item<'a>>,
+}
+
+/// An output item, as `response.output_item.added` announces it: only its type is read.
+#[derive(Deserialize)]
+struct Item<'a> {
+    #[serde(rename = "type", default, borrow)]
+    kind: Option<Cow<'a, str>>,
+}
+
+impl Item<'_> {
+    /// A tool call's item (`function_call`, `custom_tool_call`, the built-in tools' `*_call`):
+    /// its start is generated output (the model chose the tool), even when no argument delta
+    /// follows. A `message` or `reasoning` item starts empty: its deltas are the output.
+    fn is_tool_call(&self) -> bool {
+        self.kind.as_deref().is_some_and(|k| k.ends_with("_call"))
+    }
 }
 
 /// The response object: in `response.completed` and its siblings, or a whole non-streamed body.
@@ -150,8 +168,12 @@ impl Dialect for Responses {
                 s.error = true;
                 s.end = true;
             }
-            // `response.created`, `in_progress`, `output_item.added`, `content_part.added`, the
-            // `.done` events: bookkeeping, no new output.
+            // A tool call's start is output (vLLM may send no argument delta after it).
+            "response.output_item.added" => {
+                s.output = ev.item.is_some_and(|i| i.is_tool_call()) as u32;
+            }
+            // `response.created`, `in_progress`, a message's `output_item.added`,
+            // `content_part.added`, the `.done` events: bookkeeping, no new output.
             // Every `response.*.delta` event (text, reasoning, refusal, tool-call arguments) has
             // its payload in `delta`.
             kind if kind.ends_with(".delta") => s.output = carries(ev.delta) as u32,
@@ -234,7 +256,10 @@ mod tests {
             .iter()
             .map(|e| Responses.event(e.as_bytes()).unwrap().output)
             .sum();
-        assert_eq!(out, 17, "one per function_call_arguments.delta");
+        assert_eq!(
+            out, 18,
+            "the function_call item's start and one per function_call_arguments.delta"
+        );
         let raw = std::fs::read_to_string(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("tests/fixtures/vllm/agents/r05_responses_nonstream_tool_required.http"),
@@ -245,6 +270,26 @@ mod tests {
         assert_eq!((s.output, s.end, s.error), (1, true, false));
         assert_eq!(s.usage.unwrap().input, Some(11));
         assert_eq!(s.usage.unwrap().output, Some(40));
+    }
+
+    #[test]
+    fn recorded_tool_only_stream() {
+        // The function_call item's start is the only output; the arguments arrive empty.
+        let evs = events("toolonly/t02_responses_stream_required_tool_empty_args.http");
+        let sums: Vec<_> = evs
+            .iter()
+            .map(|e| Responses.event(e.as_bytes()).unwrap())
+            .collect();
+        let outputs: Vec<u32> = sums.iter().map(|s| s.output).collect();
+        // created, in_progress, output_item.added, arguments.done, output_item.done, completed
+        assert_eq!(outputs, [0, 0, 1, 0, 0, 0]);
+        assert_eq!(sums[5].usage.unwrap().output, Some(24));
+        let message_start = Responses
+            .event(
+                br#"{"type":"response.output_item.added","item":{"type":"message","content":[]}}"#,
+            )
+            .unwrap();
+        assert_eq!(message_start.output, 0);
     }
 
     #[test]

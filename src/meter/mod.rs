@@ -26,6 +26,7 @@ pub mod scope;
 mod scope_slots;
 pub mod self_metrics;
 pub mod service_level;
+pub mod session_metrics;
 pub mod snapshot;
 mod stats;
 pub mod step_model;

@@ -237,6 +237,7 @@ pub struct PromState {
     counters: Vec<Counters>,
     finished: HashMap<FinishedKey, Finished>,
     hists: HashMap<Arc<str>, Hists>,
+    sessions: super::session_metrics::SessionSeries,
 }
 
 fn bounded(set: &mut HashSet<Arc<str>>, name: &str, cap: usize) -> Arc<str> {
@@ -267,6 +268,7 @@ impl PromState {
             counters: Vec::new(),
             finished: HashMap::new(),
             hists: HashMap::new(),
+            sessions: Default::default(),
         }
     }
 
@@ -317,6 +319,7 @@ impl PromState {
         live_completion: u64,
         live_prompt: u64,
     ) {
+        self.sessions.add_record(r);
         let Some(c) = self.counters.get_mut(slot) else {
             return;
         };
@@ -422,6 +425,7 @@ impl PromState {
                 w.histogram(m, [&***model], &h.counts, h.count, h.sum);
             }
         }
+        self.sessions.render(&mut w);
     }
 }
 

@@ -93,6 +93,10 @@ impl SpanMaker {
         if let Some(m) = &r.model {
             attributes.push(KeyValue::new("gen_ai.request.model", m.clone()));
         }
+        if let Some(c) = &r.session {
+            // The session's pseudonym, as the access log names it (never the agent's raw id).
+            attributes.push(KeyValue::new("gen_ai.conversation.id", c.clone()));
+        }
         if let Some(n) = r.prompt_tokens {
             attributes.push(KeyValue::new("gen_ai.usage.input_tokens", n as i64));
         }

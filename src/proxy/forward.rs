@@ -26,6 +26,7 @@ use crate::proxy::pool::PooledBody;
 use crate::proxy::request::{inject_include_usage, RequestInfo};
 use crate::proxy::sniff::Verdict;
 use crate::proxy::state::ProxyState;
+use crate::proxy::tracker::SessionClues;
 use crate::proxy::tracker::{DeferredIdentity, RequestMeta, Tracker};
 use crate::proxy::upstream_error::classify_client_error;
 use crate::proxy::ProxyBody;
@@ -192,6 +193,7 @@ async fn forward(
         n: None,
         bytes_in: 0,
         trace: None,
+        session: None,
     };
     let client_rid = meta.client_request_id.as_deref().map(HeaderValue::from_str);
     let mut tracker = Tracker::start(state.trackers.clone(), t0, meta, metered);
@@ -233,6 +235,9 @@ async fn forward(
         Ok(b) => b,
         Err((e, why)) => return reject(tracker, e, why),
     };
+    let session_header = metered
+        .then(|| crate::proxy::session::from_headers(&parts.headers))
+        .flatten();
     let meta = tracker.meta_mut();
     meta.bytes_in = body.len() as u64;
 
@@ -246,6 +251,13 @@ async fn forward(
         meta.n = info.n;
         if let Some(user) = &info.user {
             tracker.set_body_user(user.clone());
+        }
+        if metered {
+            tracker.set_session_clues(SessionClues {
+                header: session_header,
+                body: info.session.clone(),
+                conversation: info.conversation.clone().map(|r| body.slice(r)),
+            });
         }
         let asks = api.dialect().stream_usage() == StreamUsage::IncludeUsageOption;
         if metered

@@ -18,6 +18,8 @@ pub mod refusal;
 pub mod request;
 mod request_id;
 mod serving;
+pub mod session;
+pub mod session_table;
 pub mod sniff;
 mod state;
 mod token_run;

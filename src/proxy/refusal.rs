@@ -138,6 +138,7 @@ impl Refusals for ProxyState {
             n: None,
             bytes_in: 0,
             trace: None,
+            session: None,
         };
         let mut tracker = Tracker::start(
             self.trackers.clone(),

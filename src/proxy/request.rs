@@ -5,6 +5,8 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::session::{agent_user_id, SessionSource};
+
 /// The fields of a request body that measurement needs; absent or ill-typed fields are `None`.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct RequestInfo {
@@ -25,6 +27,12 @@ pub struct RequestInfo {
     pub include_usage: bool,
     /// `stream_options.continuous_usage_stats` is true.
     pub continuous_usage: bool,
+    /// The session the body names: `prompt_cache_key`, else the `session_id` of an Anthropic
+    /// `metadata.user_id` that is a JSON string (Claude Code's).
+    pub session: Option<(SessionSource, String)>,
+    /// Where the conversation (`messages`, else an `input` array) lies in the body: read, for
+    /// the session's turn and the prefix audit, only once the request is on its way.
+    pub conversation: Option<std::ops::Range<usize>>,
 }
 
 #[derive(Deserialize)]
@@ -41,6 +49,12 @@ struct RawRequest<'a> {
     stream_options: Member<'a>,
     #[serde(default, borrow)]
     metadata: Member<'a>,
+    #[serde(default, borrow)]
+    prompt_cache_key: Member<'a>,
+    #[serde(default, borrow)]
+    messages: Member<'a>,
+    #[serde(default, borrow)]
+    input: Member<'a>,
 }
 
 /// The one member of `metadata` read: Anthropic's `user_id`.
@@ -80,6 +94,17 @@ impl RequestInfo {
         };
         let string =
             |v: Option<&RawValue>| v.and_then(|v| serde_json::from_str::<String>(v.get()).ok());
+        // `user`, else `metadata.user_id`; Claude Code writes a JSON string of ids there, which
+        // names the user (its account, else its device, pseudonymised) and the session.
+        let body_user = string(raw.user.0).or_else(|| {
+            let meta = raw.metadata.0?;
+            let m = serde_json::from_str::<Option<RawMetadata<'_>>>(meta.get()).ok()??;
+            string(m.user_id.0)
+        });
+        let agent = match (&body_user, raw.user.0) {
+            (Some(u), None) => agent_user_id(u),
+            _ => None,
+        };
         let opts = raw
             .stream_options
             .0
@@ -98,11 +123,26 @@ impl RequestInfo {
                 .n
                 .0
                 .and_then(|v| serde_json::from_str::<u32>(v.get()).ok()),
-            user: string(raw.user.0).or_else(|| {
-                let meta = raw.metadata.0?;
-                let m = serde_json::from_str::<Option<RawMetadata<'_>>>(meta.get()).ok()??;
-                string(m.user_id.0)
+            user: body_user.and_then(|u| match &agent {
+                Some(a) => a.user.clone(),
+                None => Some(u),
             }),
+            session: string(raw.prompt_cache_key.0)
+                .filter(|k| !k.trim().is_empty() && k.len() <= 256)
+                .map(|k| (SessionSource::PromptCacheKey, k))
+                .or_else(|| {
+                    let s = agent.and_then(|a| a.session)?;
+                    Some((SessionSource::MetadataUserId, s))
+                }),
+            conversation: [raw.messages.0, raw.input.0]
+                .into_iter()
+                .flatten()
+                .find(|v| v.get().starts_with('['))
+                .map(|v| {
+                    // The member borrows from `body`: its offset is where it lies.
+                    let start = v.get().as_ptr() as usize - body.as_ptr() as usize;
+                    start..start + v.get().len()
+                }),
             has_stream_options: raw.stream_options.0.is_some(),
             include_usage: opts.include_usage == Some(true),
             continuous_usage: opts.continuous_usage_stats == Some(true),

@@ -16,6 +16,8 @@ use crate::observe::Observer;
 use crate::openai::ServerTimings;
 use crate::proxy::in_flight::InFlight;
 use crate::proxy::request_id::RequestId;
+use crate::proxy::session::{Conversation, SessionCall, SessionSource};
+use crate::proxy::session_table::{CallFigures, SessionTable};
 use crate::proxy::token_run::{LevelChanges, TokenRun};
 use crate::record::{Outcome, UserSource};
 use crate::slo::SloConfig;
@@ -38,6 +40,8 @@ pub struct TrackerShared {
     level_changes: LevelChanges,
     /// The service level each finished request is judged against.
     slo: SloConfig,
+    /// The agent sessions seen, for the prefix-cache audit.
+    pub sessions: SessionTable,
 }
 
 impl TrackerShared {
@@ -53,6 +57,7 @@ impl TrackerShared {
             time: TimeSource::real(),
             level_changes: LevelChanges::default(),
             slo: SloConfig::default(),
+            sessions: SessionTable::default(),
         }
     }
 
@@ -113,6 +118,18 @@ pub struct RequestMeta {
     pub bytes_in: u64,
     /// The client's valid W3C `traceparent` header.
     pub trace: Option<crate::traceparent::TraceParent>,
+    /// The agent session and turn, worked out with the identity.
+    pub session: Option<SessionCall>,
+}
+
+/// What names a request's session, kept until its identity is settled.
+pub struct SessionClues {
+    /// The session the head names.
+    pub header: Option<(SessionSource, String)>,
+    /// The session the body names.
+    pub body: Option<(SessionSource, String)>,
+    /// The body's conversation, unread.
+    pub conversation: Option<bytes::Bytes>,
 }
 
 /// What fills the meta's identity (user, user agent, trace) from the request's head, given the
@@ -136,6 +153,9 @@ pub struct Tracker {
     first_byte: Option<Instant>,
     ttft: Option<Instant>,
     bench_ttft: Option<Instant>,
+    /// The first streamed event that reported the generation's end (a finish reason, or the
+    /// API's terminal event): the TTFT of a stream that generated tokens but showed none.
+    generation_end: Option<Instant>,
     /// The last output event's time, on the Unix clock that observers get (one clock reading
     /// per event serves both the gap and the observers).
     last_output_ns: Option<UnixNanos>,
@@ -172,6 +192,8 @@ pub struct Tracker {
     identity: Option<DeferredIdentity>,
     /// The body's `user`, for the deferred identity.
     body_user: Option<String>,
+    /// What names the session, for the deferred identity.
+    session_clues: Option<SessionClues>,
     done: bool,
 }
 
@@ -206,6 +228,7 @@ impl Tracker {
             first_byte: None,
             ttft: None,
             bench_ttft: None,
+            generation_end: None,
             last_output_ns: None,
             itl: None,
             waiting: false,
@@ -228,6 +251,7 @@ impl Tracker {
             ttft_fallback: None,
             identity: None,
             body_user: None,
+            session_clues: None,
             done: false,
         }
     }
@@ -244,10 +268,25 @@ impl Tracker {
         self.body_user = Some(user);
     }
 
-    /// Runs the deferred identity, if any is pending.
+    /// What names the request's session: read with the deferred identity.
+    pub fn set_session_clues(&mut self, clues: SessionClues) {
+        self.session_clues = Some(clues);
+    }
+
+    /// Runs the deferred identity, if any is pending, and works out the session (reading the
+    /// conversation once the request is on its way).
     fn settle_identity(&mut self) {
         if let Some(fill) = self.identity.take() {
             fill(&mut self.meta, self.body_user.as_deref());
+        }
+        if let Some(clues) = self.session_clues.take() {
+            let conversation = clues.conversation.and_then(|b| {
+                serde_json::from_slice::<&serde_json::value::RawValue>(&b)
+                    .ok()
+                    .and_then(Conversation::read)
+            });
+            self.meta.session =
+                crate::proxy::session::identify(clues.header, clues.body, conversation);
         }
     }
 
@@ -370,6 +409,9 @@ impl Tracker {
             if s.end && self.terminal == Terminal::NotYet {
                 self.terminal = Terminal::Read;
             }
+            if self.generation_end.is_none() && (s.end || s.finish_reason.is_some()) {
+                self.generation_end = Some(now);
+            }
         }
         self.counted += s.output as u64;
         if self.finish_reason.is_none() {
@@ -464,6 +506,7 @@ impl Tracker {
         self.first_byte = None;
         self.ttft = None;
         self.bench_ttft = None;
+        self.generation_end = None;
         self.last_output_ns = None;
         self.itl = None;
         self.usage_prompt = None;
@@ -525,6 +568,28 @@ impl Tracker {
         };
         let mut record = self.record(outcome, error, now);
         record.judge(&self.shared.slo);
+        if let Some(call) = &self.meta.session {
+            let audit = self.shared.sessions.audit(
+                call,
+                CallFigures {
+                    start_ns: record.ts_ns,
+                    end_ns: record.end_ns(),
+                    prompt: record.prompt_tokens,
+                    completion: record
+                        .completion_tokens
+                        .filter(|_| record.tokens_source == crate::record::TokensSource::Usage),
+                    cached: record.cached_prompt_tokens,
+                },
+            );
+            record.session = Some(call.name.clone());
+            record.session_source = Some(call.source);
+            record.turn = call.turn;
+            record.session_call = Some(audit.call);
+            record.session_gap_ms = audit.gap_ms;
+            record.prefix_expected_tokens = audit.expected_cached;
+            record.prefix_lost_tokens = audit.lost;
+            record.prefix_audit = Some(audit.verdict.to_string());
+        }
         let record = Arc::new(record);
         for o in &self.shared.observers {
             o.finished(self.id, now_ns, &record, self.announced);

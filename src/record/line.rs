@@ -21,13 +21,21 @@ fn value<W: Write, T: Serialize + ?Sized>(out: &mut W, v: &T) -> io::Result<()> 
 
 /// Writes `{"type":..,"f1":v1,...}`: `kind` under its serde name `type`, then the other fields
 /// under their own names, in declaration order (serde's).
+/// Fields after the `;` are left out when `None` (serde's `skip_serializing_if`): the session
+/// fields, which only agent calls have.
 macro_rules! object {
-    ($out:ident, $r:ident; $($f:ident),+ $(,)?) => {{
+    ($out:ident, $r:ident; $($f:ident),+ ; $($o:ident),+ $(,)?) => {{
         $out.write_all(b"{\"type\":")?;
         value($out, &$r.kind)?;
         $(
             $out.write_all(concat!(",\"", stringify!($f), "\":").as_bytes())?;
             value($out, &$r.$f)?;
+        )+
+        $(
+            if let Some(v) = &$r.$o {
+                $out.write_all(concat!(",\"", stringify!($o), "\":").as_bytes())?;
+                value($out, v)?;
+            }
         )+
         $out.write_all(b"}\n")
     }};
@@ -83,7 +91,15 @@ pub(super) fn write<W: Write>(out: &mut W, r: &RequestRecord) -> io::Result<()> 
         server_queue_ms,
         server_ttft_ms,
         server_mean_itl_ms,
-        token_curve,
+        token_curve;
+        session,
+        session_source,
+        turn,
+        session_call,
+        session_gap_ms,
+        prefix_expected_tokens,
+        prefix_lost_tokens,
+        prefix_audit,
     )
 }
 
@@ -144,6 +160,14 @@ mod tests {
         r.server_queue_ms = Some(3.25);
         r.server_ttft_ms = Some(f64::NEG_INFINITY);
         r.server_mean_itl_ms = Some(12.0);
+        r.session = Some("s-3f2a9c01b4d7".into());
+        r.session_source = Some(crate::record::SessionSource::MetadataUserId);
+        r.turn = Some(2);
+        r.session_call = Some(4);
+        r.session_gap_ms = Some(812.5);
+        r.prefix_expected_tokens = Some(12016);
+        r.prefix_lost_tokens = Some(0);
+        r.prefix_audit = Some("kept".into());
         same_as_serde(&r);
         // Every optional field unset.
         let mut r = record();

@@ -78,6 +78,10 @@ const PROXY: &str = "
     tokenmeter_access_log_dropped_total counter -
     tokenmeter_access_log_failed_total counter -
     tokenmeter_access_log_written_total counter -
+    tokenmeter_agent_call_gap_seconds_bucket histogram le
+    tokenmeter_agent_call_gap_seconds_count histogram -
+    tokenmeter_agent_call_gap_seconds_sum histogram -
+    tokenmeter_agent_calls_total counter prefix_audit
     tokenmeter_build_info gauge version
     tokenmeter_completion_tokens_total counter model,api,user
     tokenmeter_e2e_request_latency_seconds_bucket histogram model,le
@@ -97,6 +101,8 @@ const PROXY: &str = "
     tokenmeter_otlp_span_exports_total counter -
     tokenmeter_otlp_spans_dropped_total counter -
     tokenmeter_otlp_spans_exported_total counter -
+    tokenmeter_prefix_expected_tokens_total counter -
+    tokenmeter_prefix_lost_tokens_total counter -
     tokenmeter_prompt_tokens_total counter model,user
     tokenmeter_requests_in_flight gauge -
     tokenmeter_requests_total counter model,api,user,outcome,status

@@ -47,6 +47,7 @@ fn meta(user: &str, stream: bool) -> RequestMeta {
         n: None,
         bytes_in: 100,
         trace: None,
+        session: None,
     }
 }
 

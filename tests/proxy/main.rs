@@ -12,6 +12,8 @@
 mod common;
 mod fold_support;
 
+mod agent_calls;
+mod agent_sessions;
 mod error_shapes;
 mod fleet;
 mod fold_pairs;

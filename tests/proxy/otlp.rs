@@ -366,6 +366,15 @@ async fn one_span_per_request_with_genai_attributes_ttft_event_and_the_callers_t
             attr(&span.attributes, "gen_ai.request.model"),
             Some("sim-model")
         );
+        // Its session: the conversation's fingerprint (the requests name no session).
+        assert!(
+            line["session"].as_str().unwrap().starts_with("f-"),
+            "{line}"
+        );
+        assert_eq!(
+            attr(&span.attributes, "gen_ai.conversation.id"),
+            line["session"].as_str()
+        );
         let int = |key: &str| {
             span.attributes
                 .iter()

@@ -26,8 +26,24 @@ impl Tracker {
             _ => (None, TokensSource::None),
         };
         let e2e_ms = Some(now.saturating_duration_since(self.t0).as_secs_f64() * 1e3);
-        let ttft_ms = self.ms(self.ttft);
-        let rates = DerivedRates::compute(ttft_ms, e2e_ms, completion);
+        // A stream that generated tokens (usage > 0) but showed no output before its end has
+        // its TTFT at the event that ended it; its pace is not observed, so no TPOT.
+        let generated = self.usage_completion.is_some_and(|c| c > 0);
+        let (ttft, at_end) = match self.ttft {
+            Some(t) => (Some(t), false),
+            None if generated => (self.generation_end, self.generation_end.is_some()),
+            None => (None, false),
+        };
+        let ttft_ms = self.ms(ttft);
+        let rates = DerivedRates::compute(ttft_ms.filter(|_| !at_end), e2e_ms, completion);
+        let ttft_source = ttft_ms.map(|_| {
+            let stream = self.ttft_source.unwrap_or("stream");
+            if at_end {
+                format!("{stream}_end")
+            } else {
+                stream.to_string()
+            }
+        });
         let itl = self.itl.take();
         let itl_stat = |f: fn(&ItlHistogram) -> Option<f64>| itl.as_deref().and_then(f);
         RequestRecord {
@@ -57,7 +73,7 @@ impl Tracker {
             n: self.meta.n,
             first_byte_ms: self.ms(self.first_byte),
             ttft_ms,
-            ttft_source: ttft_ms.map(|_| self.ttft_source.unwrap_or("stream").to_string()),
+            ttft_source,
             ttft_fallback: self.ttft_fallback.map(str::to_string),
             bench_ttft_ms: self.ms(self.bench_ttft),
             e2e_ms,
@@ -80,6 +96,14 @@ impl Tracker {
             server_ttft_ms: self.server.and_then(|s| s.time_to_first_token_ms),
             server_mean_itl_ms: self.server.and_then(|s| s.mean_itl_ms),
             token_curve: self.curve.take(),
+            session: None,
+            session_source: None,
+            turn: None,
+            session_call: None,
+            session_gap_ms: None,
+            prefix_expected_tokens: None,
+            prefix_lost_tokens: None,
+            prefix_audit: None,
             itl,
             trace: self.meta.trace,
         }

@@ -1,0 +1,268 @@
+//! The sessions the proxy has seen, each with its last call, and the prefix-cache audit of each
+//! new call against it: did the call extend the previous one, how many prompt tokens could the
+//! server have kept cached, how many it reported cached, and how long the agent spent between
+//! the two calls. Consulted once per generation request, when it finishes (never on the
+//! per-event path); bounded by [`MAX_SESSIONS`], the least recently seen forgotten first.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::clock::UnixNanos;
+
+use super::session::SessionCall;
+
+/// Sessions remembered at most; a session forgotten and seen again starts over (its next call
+/// is audited as a first call).
+pub const MAX_SESSIONS: usize = 4096;
+
+/// The prefix cache's block size, in tokens: vLLM keeps only full blocks (its default, 16).
+pub const BLOCK_TOKENS: u64 = 16;
+
+/// What the session table remembers of a session's last call.
+#[derive(Debug, Clone, Copy)]
+struct LastCall {
+    /// Calls seen in the session so far.
+    calls: u32,
+    /// The conversation's item count and its whole hash.
+    items: usize,
+    hash: u64,
+    prompt: Option<u64>,
+    completion: Option<u64>,
+    end_ns: UnixNanos,
+    /// When it was last touched, for eviction.
+    seen: u64,
+}
+
+/// What the audit found for one call.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CallAudit {
+    /// The call's rank in its session, from 1 (as far as this proxy remembers).
+    pub call: u32,
+    /// Milliseconds from the end of the session's previous call to this call's arrival (tools,
+    /// thinking, the human); `null` for a first call or when the calls overlapped.
+    pub gap_ms: Option<f64>,
+    /// Prompt tokens the server could have had cached: the previous call's prompt and output,
+    /// rounded down to whole blocks and at most this prompt less one token, rounded down the
+    /// same way; `null` unless the call extends the previous one and both usages are known.
+    pub expected_cached: Option<u64>,
+    /// `expected_cached` less what the server reported cached, at least 0: prompt tokens
+    /// prefilled again; `null` when either is unknown.
+    pub lost: Option<u64>,
+    /// The audit's verdict: `kept`, `lost`, `first_call`, `not_an_extension`, `usage_unknown`
+    /// (a usage of this or the previous call is missing), `cached_unknown` (the server did not
+    /// report cached tokens: vLLM needs `--enable-prompt-tokens-details`).
+    pub verdict: &'static str,
+}
+
+/// One call's figures the audit needs, from its record.
+#[derive(Debug, Clone, Copy)]
+pub struct CallFigures {
+    /// Arrival and end on the timeline.
+    pub start_ns: UnixNanos,
+    /// End of the call.
+    pub end_ns: UnixNanos,
+    /// Prompt tokens from the usage.
+    pub prompt: Option<u64>,
+    /// Completion tokens from the usage.
+    pub completion: Option<u64>,
+    /// Cached prompt tokens from the usage.
+    pub cached: Option<u64>,
+}
+
+/// The sessions seen, by pseudonym.
+#[derive(Default)]
+pub struct SessionTable {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    sessions: HashMap<String, LastCall>,
+    tick: u64,
+}
+
+impl SessionTable {
+    /// Audits `call` (finished with `figures`) against its session's previous call, and makes
+    /// it the session's last.
+    pub fn audit(&self, call: &SessionCall, figures: CallFigures) -> CallAudit {
+        let Ok(mut inner) = self.inner.lock() else {
+            return CallAudit::default();
+        };
+        inner.tick += 1;
+        let tick = inner.tick;
+        let previous = inner.sessions.get(&call.name).copied();
+        let audit = judge(call, &figures, previous.as_ref());
+        if previous.is_none() && inner.sessions.len() >= MAX_SESSIONS {
+            let oldest = inner
+                .sessions
+                .iter()
+                .min_by_key(|(_, c)| c.seen)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                inner.sessions.remove(&k);
+            }
+        }
+        // A call without a usage (refused, failed) is counted, but the session's reusable
+        // prefix stays its last answered call's.
+        if let (Some(prev), None) = (previous, figures.prompt) {
+            if let Some(slot) = inner.sessions.get_mut(&call.name) {
+                *slot = LastCall {
+                    calls: audit.call,
+                    seen: tick,
+                    ..prev
+                };
+            }
+            return audit;
+        }
+        let last = LastCall {
+            calls: audit.call,
+            items: call.prefix.len(),
+            hash: call.prefix.last().copied().unwrap_or(0),
+            prompt: figures.prompt,
+            completion: figures.completion,
+            end_ns: figures.end_ns,
+            seen: tick,
+        };
+        match inner.sessions.get_mut(&call.name) {
+            Some(slot) => *slot = last,
+            None => {
+                inner.sessions.insert(call.name.clone(), last);
+            }
+        }
+        audit
+    }
+
+    /// Sessions remembered now.
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|i| i.sessions.len()).unwrap_or(0)
+    }
+
+    /// Whether none is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn judge(call: &SessionCall, f: &CallFigures, previous: Option<&LastCall>) -> CallAudit {
+    let Some(prev) = previous else {
+        return CallAudit {
+            call: 1,
+            verdict: "first_call",
+            ..CallAudit::default()
+        };
+    };
+    let mut audit = CallAudit {
+        call: prev.calls.saturating_add(1),
+        gap_ms: (f.start_ns >= prev.end_ns).then(|| (f.start_ns - prev.end_ns) as f64 / 1e6),
+        ..CallAudit::default()
+    };
+    let extends = prev.items > 0
+        && call.prefix.len() > prev.items
+        && call.prefix[prev.items - 1] == prev.hash;
+    if !extends {
+        audit.verdict = "not_an_extension";
+        return audit;
+    }
+    let (Some(pp), Some(pc), Some(prompt)) = (prev.prompt, prev.completion, f.prompt) else {
+        audit.verdict = "usage_unknown";
+        return audit;
+    };
+    let expected = expected_cached(pp + pc, prompt);
+    audit.expected_cached = Some(expected);
+    match f.cached {
+        None => audit.verdict = "cached_unknown",
+        Some(cached) => {
+            let lost = expected.saturating_sub(cached);
+            audit.lost = Some(lost);
+            audit.verdict = if lost == 0 { "kept" } else { "lost" };
+        }
+    }
+    audit
+}
+
+/// Prompt tokens a prefix cache of [`BLOCK_TOKENS`]-token blocks can serve to a prompt of
+/// `prompt` tokens whose first `reusable` tokens an earlier request computed: whole blocks only,
+/// and never the prompt's last token (vLLM computes at least one).
+pub fn expected_cached(reusable: u64, prompt: u64) -> u64 {
+    let whole = |t: u64| t / BLOCK_TOKENS * BLOCK_TOKENS;
+    whole(reusable).min(whole(prompt.saturating_sub(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::session::SessionSource;
+
+    fn call(prefix: &[u64]) -> SessionCall {
+        SessionCall {
+            name: "s-1".into(),
+            source: SessionSource::ClaudeHeader,
+            turn: Some(1),
+            prefix: prefix.to_vec(),
+        }
+    }
+
+    fn figs(start: u64, end: u64, p: u64, c: u64, cached: Option<u64>) -> CallFigures {
+        CallFigures {
+            start_ns: start,
+            end_ns: end,
+            prompt: Some(p),
+            completion: Some(c),
+            cached,
+        }
+    }
+
+    #[test]
+    fn blocks_and_the_last_token() {
+        assert_eq!(expected_cached(100, 200), 96);
+        assert_eq!(expected_cached(100, 97), 96);
+        assert_eq!(expected_cached(100, 96), 80);
+        assert_eq!(expected_cached(15, 200), 0);
+    }
+
+    #[test]
+    fn a_session_audited_call_by_call() {
+        let t = SessionTable::default();
+        let a = t.audit(&call(&[1, 2]), figs(0, 1_000_000, 100, 20, Some(0)));
+        assert_eq!((a.call, a.verdict), (1, "first_call"));
+        // Extends [1, 2]: 120 reusable tokens -> 112 in whole blocks; 96 reported.
+        let b = t.audit(
+            &call(&[1, 2, 3, 4]),
+            figs(4_000_000, 9_000_000, 150, 10, Some(96)),
+        );
+        assert_eq!(b.call, 2);
+        assert_eq!(b.gap_ms, Some(3.0));
+        assert_eq!(
+            (b.expected_cached, b.lost, b.verdict),
+            (Some(112), Some(16), "lost")
+        );
+        let c = t.audit(
+            &call(&[1, 2, 3, 4, 5]),
+            figs(9_000_000, 10_000_000, 170, 1, Some(160)),
+        );
+        assert_eq!(
+            (c.expected_cached, c.lost, c.verdict),
+            (Some(160), Some(0), "kept")
+        );
+        let d = t.audit(
+            &call(&[9, 9, 9, 9, 9, 9]),
+            figs(10_000_000, 11_000_000, 5, 1, None),
+        );
+        assert_eq!(
+            (d.call, d.verdict, d.expected_cached),
+            (4, "not_an_extension", None)
+        );
+        let e = t.audit(
+            &call(&[9, 9, 9, 9, 9, 9, 7]),
+            figs(12_000_000, 13_000_000, 50, 1, None),
+        );
+        assert_eq!(
+            (e.verdict, e.expected_cached, e.lost),
+            ("cached_unknown", Some(0), None)
+        );
+        assert_eq!(t.len(), 1);
+        for v in [a, b, c, d, e] {
+            assert!(crate::record::PREFIX_AUDIT_VERDICTS.contains(&v.verdict));
+        }
+    }
+}
