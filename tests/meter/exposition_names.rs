@@ -117,6 +117,19 @@ const PROXY: &str = "
     tokenmeter_upstream_scrapes_total counter -
 ";
 
+/// The KV-cache and saturation gauges: exposed once a scrape gave the upstream's
+/// `cache_config_info` and a window holds a scrape (pinned by
+/// `kv_and_saturation_gauges_are_pinned`, left out of the simulator run's comparison).
+const KV: &str = "
+    tokenmeter_kv_blocks_estimate gauge -
+    tokenmeter_kv_blocks_server gauge -
+    tokenmeter_kv_headroom_sequences gauge -
+    tokenmeter_kv_sequences_fit_p50_context gauge -
+    tokenmeter_kv_sequences_fit_p90_context gauge -
+    tokenmeter_kv_sequences_fit_p99_context gauge -
+    tokenmeter_saturation_state gauge -
+";
+
 /// The simulator's series: vLLM's names and labels.
 const SIM: &str = "
     vllm:e2e_request_latency_seconds_bucket histogram engine,le,model_name
@@ -176,7 +189,8 @@ async fn exposed_names_types_and_labels_are_pinned() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let found = catalog(&text);
+    let kv = lines(KV);
+    let found: BTreeSet<String> = catalog(&text).difference(&kv).cloned().collect();
     let want = lines(PROXY);
     assert_eq!(
         found.difference(&want).collect::<Vec<_>>(),
@@ -236,4 +250,33 @@ fn each_exposed_name_is_declared_once_in_the_source() {
             .collect();
         assert_eq!(at.len(), 1, "{name} is spelled as a literal in {at:?}");
     }
+}
+
+#[test]
+fn kv_and_saturation_gauges_are_pinned() {
+    use tokenmeter::meter::{Meter, MeterConfig};
+    use tokenmeter::scrape::prom_text::{extract, parse};
+    use tokenmeter::scrape::ServerSample;
+    let t0 = 1_800_000_000 * tokenmeter::clock::NANOS_PER_SEC;
+    let s = tokenmeter::clock::NANOS_PER_SEC;
+    let mut m = Meter::new(MeterConfig::default(), t0);
+    m.enable_server(10.0);
+    let values = extract(&parse(include_str!(
+        "../fixtures/vllm/agents/metrics_after.txt"
+    )));
+    m.request_started(t0, 1, "u", Some("m"));
+    let mut r = crate::meter_support::record(t0, 500.0, Some(100.0), Some(10), Some(90), true);
+    r.request_id = "tm-0-1".into();
+    m.request_finished(t0 + s / 2, &r);
+    m.server_sample(ServerSample {
+        ts_ns: t0 + s,
+        values,
+        proxy_in_flight: None,
+        scrape_ms: 1.0,
+    });
+    let found: BTreeSet<String> = catalog(&m.prometheus(t0 + 2 * s))
+        .into_iter()
+        .filter(|l| l.starts_with("tokenmeter_kv_") || l.starts_with("tokenmeter_saturation"))
+        .collect();
+    assert_eq!(found, lines(KV));
 }

@@ -14,6 +14,7 @@ mod meter_support;
 mod exposition_names;
 mod meter_coalescing;
 mod meter_http;
+mod meter_kv;
 mod meter_levels;
 mod meter_live;
 mod meter_prometheus;
