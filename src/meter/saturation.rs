@@ -46,19 +46,25 @@ pub struct SaturationWindow {
     pub waiting_share: Option<f64>,
     /// Largest `num_requests_waiting` seen.
     pub waiting_max: Option<f64>,
-    /// Increase of `vllm:num_preemptions_total` over the window's scrapes (counter resets
-    /// counted from 0); `null` without two scrapes carrying it.
+    /// Increase of `vllm:num_preemptions_total` from the last scrape before the window to its
+    /// last scrape (counter resets counted from 0); `null` without two scrapes carrying it.
     pub preemptions: Option<f64>,
     /// Why `state` is `null`, when it is.
     pub reason: Option<&'static str>,
 }
 
-/// The state of a window from its scrapes (oldest first). Preemptions need two scrapes inside
-/// the window; a preemption counted between the last scrape before the window and its first is
-/// the previous window's.
-pub fn saturation<'a>(samples: impl Iterator<Item = &'a ServerSample>) -> SaturationWindow {
+/// The state of a window from its scrapes (oldest first) and the last scrape before it
+/// (`before`): preemptions are the counter's increase from `before` (else the window's first
+/// scrape) to its last, so one counted between two windows' scrapes is the later window's.
+pub fn saturation<'a>(
+    before: Option<&'a ServerSample>,
+    samples: impl Iterator<Item = &'a ServerSample>,
+) -> SaturationWindow {
     let (mut n, mut waiting_n, mut waiting_max) = (0u64, 0u64, None::<f64>);
-    let mut preempt = Vec::new();
+    let mut preempt: Vec<f64> = before
+        .and_then(|b| b.values.kv.preemptions_total)
+        .into_iter()
+        .collect();
     for s in samples {
         if let Some(w) = s.values.waiting {
             n += 1;
@@ -100,6 +106,11 @@ impl super::engine::Meter {
         let to = super::timeline::second_of(now) * NANOS_PER_SEC;
         let from = to.saturating_sub(len * NANOS_PER_SEC);
         let track = self.server.as_ref()?;
-        saturation(track.samples().filter(|s| (from..to).contains(&s.ts_ns))).state
+        let before = track.samples().take_while(|s| s.ts_ns < from).last();
+        saturation(
+            before,
+            track.samples().filter(|s| (from..to).contains(&s.ts_ns)),
+        )
+        .state
     }
 }

@@ -72,7 +72,9 @@ impl Meter {
                 let from = now_sec.saturating_sub(w.seconds) * NANOS_PER_SEC;
                 let to = now_sec * NANOS_PER_SEC;
                 w.server = Some(track.window(from, to, &self.aggregate.ring));
+                let before = track.samples().take_while(|s| s.ts_ns < from).last();
                 w.saturation = Some(saturation(
+                    before,
                     track.samples().filter(|s| (from..to).contains(&s.ts_ns)),
                 ));
             }
