@@ -35,6 +35,7 @@ fn bench_step(c: &mut Criterion) {
                 max_tokens: u64::MAX,
                 stop_after: vec![None],
                 arrival_ns: 0,
+                prompt_ids: Vec::new(),
                 sink: tx,
             });
         }

@@ -103,3 +103,96 @@ pub const REQUEST_QUEUE_TIME_SECONDS: Metric = Metric::histogram(
     LABELS,
     REQUEST_BUCKETS,
 );
+
+/// Waiting requests by why they wait ([`WAITING_REASONS`]); the reasons sum to
+/// [`NUM_REQUESTS_WAITING`].
+pub const NUM_REQUESTS_WAITING_BY_REASON: Metric = Metric::gauge(
+    "vllm:num_requests_waiting_by_reason",
+    "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+    Unit::Count("{request}"),
+    &["engine", "model_name", "reason"],
+);
+
+/// Values of `reason` on [`NUM_REQUESTS_WAITING_BY_REASON`].
+pub const WAITING_REASONS: [&str; 2] = ["capacity", "deferred"];
+
+/// Running requests preempted (their KV blocks freed, to be computed again).
+pub const NUM_PREEMPTIONS_TOTAL: Metric = Metric::counter(
+    "vllm:num_preemptions_total",
+    "Cumulative number of preemption from the engine.",
+    Unit::Count("{preemption}"),
+    LABELS,
+);
+
+/// Prompt tokens looked up in the prefix cache.
+pub const PREFIX_CACHE_QUERIES_TOTAL: Metric = Metric::counter(
+    "vllm:prefix_cache_queries_total",
+    "Prefix cache queries, in terms of number of queried tokens.",
+    Unit::Count("{token}"),
+    LABELS,
+);
+
+/// Prompt tokens found in the prefix cache.
+pub const PREFIX_CACHE_HITS_TOTAL: Metric = Metric::counter(
+    "vllm:prefix_cache_hits_total",
+    "Prefix cache hits, in terms of number of cached tokens.",
+    Unit::Count("{token}"),
+    LABELS,
+);
+
+/// Cached prompt tokens of admitted requests.
+pub const PROMPT_TOKENS_CACHED_TOTAL: Metric = Metric::counter(
+    "vllm:prompt_tokens_cached_total",
+    "Number of cached prompt tokens (local + external).",
+    Unit::Count("{token}"),
+    LABELS,
+);
+
+/// The label names of [`CACHE_CONFIG_INFO`], as vLLM 0.32 writes them (name order).
+pub const CACHE_CONFIG_LABELS: &[&str] = &[
+    "_block_size_resolved",
+    "block_size",
+    "cache_dtype",
+    "cache_hit_alignment_tokens",
+    "effective_attention_block_size",
+    "enable_mamba_shared_prefix_checkpoint",
+    "enable_prefix_caching",
+    "engine",
+    "gpu_memory_utilization",
+    "hash_block_size",
+    "is_attention_free",
+    "kv_cache_dtype_skip_layers",
+    "kv_cache_layout",
+    "kv_cache_max_concurrency",
+    "kv_cache_memory_bytes",
+    "kv_cache_size_tokens",
+    "kv_offloading_backend",
+    "kv_offloading_size",
+    "kv_sharing_fast_prefill",
+    "mamba_block_size",
+    "mamba_cache_dtype",
+    "mamba_cache_mode",
+    "mamba_page_size_padded",
+    "mamba_ssm_cache_dtype",
+    "num_cpu_blocks",
+    "num_gpu_blocks",
+    "num_gpu_blocks_override",
+    "prefix_cache_retention_interval",
+    "prefix_caching_hash_algo",
+    "prefix_match_unit",
+    "replayssm_buffer_len",
+    "skip_page_size_padded",
+    "sliding_window",
+    "swa_bounded_replay",
+    "use_kda_recoverssm",
+    "use_replayssm",
+    "user_specified_block_size",
+];
+
+/// The KV cache's configuration as labels (always 1).
+pub const CACHE_CONFIG_INFO: Metric = Metric::gauge(
+    "vllm:cache_config_info",
+    "Information of the LLMEngine CacheConfig",
+    Unit::Info,
+    CACHE_CONFIG_LABELS,
+);

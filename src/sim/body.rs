@@ -143,6 +143,7 @@ impl FixedBody {
                 0
             },
             e2e_ns,
+            cached_tokens: 0,
         };
         {
             let mut l = self.stats.lock();

@@ -33,8 +33,18 @@ pub struct SimConfig {
     pub resync_lag_ms: f64,
     /// Probability per generated token of an end-of-sequence stop (0 disables stops globally).
     pub stop_probability_per_token: f64,
-    /// KV-cache capacity in tokens; `vllm:kv_cache_usage_perc` = tokens held by running sequences / this.
-    pub kv_cache_tokens: u64,
+    /// KV-cache blocks (vLLM's `num_gpu_blocks`; one is vLLM's null block, the others hold
+    /// tokens). The cache holds `num_gpu_blocks × block_size` tokens
+    /// (`kv_cache_size_tokens`); `vllm:kv_cache_usage_perc` = blocks in use / (`num_gpu_blocks` − 1).
+    pub num_gpu_blocks: u32,
+    /// Tokens per KV-cache block (vLLM's `--block-size`).
+    pub block_size: u32,
+    /// Keep full blocks of finished requests and reuse them for prompts that start with the same
+    /// tokens (vLLM's `--enable-prefix-caching`, on by default in V1).
+    pub enable_prefix_caching: bool,
+    /// Report cached prompt tokens in chat's `usage.prompt_tokens_details` and Messages'
+    /// `usage.cache_read_input_tokens` (vLLM's `--enable-prompt-tokens-details`, off by default).
+    pub enable_prompt_tokens_details: bool,
     /// Period of the throughput log line, seconds (0 disables it).
     pub log_stats_interval_s: f64,
     /// Fill vLLM's `metrics` response field / final usage event with per-request timings.
@@ -66,7 +76,10 @@ impl Default for SimConfig {
             idle_reset_s: 60.0,
             resync_lag_ms: 2.0,
             stop_probability_per_token: 0.002,
-            kv_cache_tokens: 1_048_576,
+            num_gpu_blocks: 65_536,
+            block_size: 16,
+            enable_prefix_caching: true,
+            enable_prompt_tokens_details: false,
             log_stats_interval_s: 10.0,
             per_request_metrics: false,
             fixed_pace: false,
@@ -98,7 +111,15 @@ impl SimConfig {
             (0.0..1.0).contains(&self.stop_probability_per_token),
             "stop_probability_per_token must be in [0, 1)"
         );
-        anyhow::ensure!(self.kv_cache_tokens >= 1, "kv_cache_tokens must be >= 1");
+        anyhow::ensure!(self.block_size >= 1, "block_size must be >= 1");
+        anyhow::ensure!(self.num_gpu_blocks >= 2, "num_gpu_blocks must be >= 2");
+        // vLLM refuses to start when one request of max_model_len tokens cannot fit.
+        let usable_tokens = u64::from(self.num_gpu_blocks - 1) * u64::from(self.block_size);
+        anyhow::ensure!(
+            usable_tokens >= self.max_model_len,
+            "max_model_len ({}) is larger than the KV cache can hold ((num_gpu_blocks − 1) × block_size = {usable_tokens} tokens)",
+            self.max_model_len
+        );
         anyhow::ensure!(
             self.fixed_ttft_ms >= 0.0 && self.fixed_gap_ms >= 0.0,
             "fixed-pace times must be >= 0"
@@ -108,6 +129,11 @@ impl SimConfig {
             "ground_truth_window_s must be >= 1"
         );
         Ok(())
+    }
+
+    /// Tokens the KV cache holds: `num_gpu_blocks × block_size` (vLLM's `kv_cache_size_tokens`).
+    pub fn kv_cache_tokens(&self) -> u64 {
+        u64::from(self.num_gpu_blocks) * u64::from(self.block_size)
     }
 
     /// Nanoseconds of a step with `running` sequences, excluding prefill and cold start.

@@ -1,14 +1,18 @@
 //! The engine core: continuous batching as a pure state machine driven by explicit times.
 //!
-//! A step is planned by [`Engine::begin_step`] (drop aborted requests, admit waiting ones into free
-//! slots, return the step's duration) and completed by [`Engine::finish_step`] (one token for every
-//! sequence in the batch, finish and report). The async shell only sleeps between the two.
+//! A step is planned by [`Engine::begin_step`] (drop aborted requests, give every running
+//! sequence room for its next token in the KV cache or preempt, admit waiting ones into free
+//! slots and blocks, return the step's duration) and completed by [`Engine::finish_step`] (one
+//! token for every sequence in the batch, finish and report). The async shell only sleeps
+//! between the two. The KV cache's blocks are kept by [`super::kv::BlockPool`]; how a request
+//! takes, grows and gives back its blocks is `engine_kv.rs`.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use super::config::SimConfig;
+use super::kv::{BlockPool, SeqBlocks};
 use super::metrics::Stats;
 
 /// Why a sequence ended.
@@ -41,6 +45,9 @@ pub struct Timings {
     pub mean_itl_ns: u64,
     /// Arrival → last token.
     pub e2e_ns: u64,
+    /// Prompt tokens found in the prefix cache when the request was first admitted (whole
+    /// blocks, never the last prompt token).
+    pub cached_tokens: u64,
 }
 
 /// What the engine tells a request's stream.
@@ -87,20 +94,30 @@ pub struct Job<S> {
     pub stop_after: Vec<Option<u64>>,
     /// Arrival time, nanoseconds on the engine's timeline.
     pub arrival_ns: u64,
+    /// The identities of the prompt's tokens, one per prompt token, for the prefix cache
+    /// ([`super::prompt::chat_prompt_ids`]); empty when unknown (never found, never cached).
+    pub prompt_ids: Vec<u64>,
     /// The request's stream.
     pub sink: S,
 }
 
-/// A running request.
+/// A request in the engine, waiting or running.
 #[derive(Debug)]
-struct Active<S> {
-    job: Job<S>,
-    generated: Vec<u64>,
-    done: Vec<bool>,
-    live_seqs: u32,
-    admitted_ns: u64,
+pub(super) struct Active<S> {
+    pub(super) job: Job<S>,
+    /// The engine's number for it (arrival order).
+    pub(super) id: u64,
+    pub(super) generated: Vec<u64>,
+    pub(super) done: Vec<bool>,
+    pub(super) live_seqs: u32,
+    /// Per choice, its KV blocks (empty while waiting and once the choice is done).
+    pub(super) blocks: Vec<SeqBlocks>,
+    /// Its first admission (`None` while it never ran).
+    pub(super) admitted_ns: Option<u64>,
+    pub(super) cached_tokens: u64,
+    pub(super) preemptions: u64,
     first_token_ns: Option<u64>,
-    last_token_ns: u64,
+    pub(super) last_token_ns: u64,
     itl_sum_ns: u64,
     itl_count: u64,
     last_finish: Finish,
@@ -108,6 +125,13 @@ struct Active<S> {
     step_out: Vec<StepOut>,
     /// Set when the request finished in the current step.
     timings: Option<Timings>,
+}
+
+impl<S> Active<S> {
+    /// True until the request finished in the current step.
+    pub(super) fn timings_pending(&self) -> bool {
+        self.timings.is_none()
+    }
 }
 
 /// What one step produced for one sequence.
@@ -120,11 +144,13 @@ enum StepOut {
 /// The continuous-batching engine.
 #[derive(Debug)]
 pub struct Engine<S> {
-    cfg: SimConfig,
-    stats: Arc<Stats>,
-    waiting: VecDeque<Job<S>>,
-    running: Vec<Active<S>>,
-    running_seqs: u64,
+    pub(super) cfg: SimConfig,
+    pub(super) stats: Arc<Stats>,
+    pub(super) pool: BlockPool,
+    pub(super) waiting: VecDeque<Active<S>>,
+    pub(super) running: Vec<Active<S>>,
+    pub(super) running_seqs: u64,
+    next_id: u64,
     ever_admitted: bool,
     idle_since_ns: Option<u64>,
 }
@@ -132,20 +158,48 @@ pub struct Engine<S> {
 impl<S: Sink> Engine<S> {
     /// An idle engine with the model in `cfg`, publishing into `stats`.
     pub fn new(cfg: SimConfig, stats: Arc<Stats>) -> Self {
+        let pool = BlockPool::new(
+            cfg.num_gpu_blocks,
+            cfg.block_size,
+            cfg.enable_prefix_caching,
+        );
+        stats.kv_blocks_usable.store(pool.usable(), Relaxed);
         Engine {
             cfg,
             stats,
+            pool,
             waiting: VecDeque::new(),
             running: Vec::new(),
             running_seqs: 0,
+            next_id: 0,
             ever_admitted: false,
             idle_since_ns: None,
         }
     }
 
-    /// Queues a request (FIFO); it is admitted at the next step boundary with enough free slots.
+    /// Queues a request (FIFO); it is admitted at a step boundary with enough free slots and
+    /// KV blocks.
     pub fn submit(&mut self, job: Job<S>) {
-        self.waiting.push_back(job);
+        let n = job.n as usize;
+        self.next_id += 1;
+        self.waiting.push_back(Active {
+            id: self.next_id,
+            generated: vec![0; n],
+            done: vec![false; n],
+            live_seqs: job.n,
+            blocks: vec![SeqBlocks::default(); n],
+            admitted_ns: None,
+            cached_tokens: 0,
+            preemptions: 0,
+            first_token_ns: None,
+            last_token_ns: 0,
+            itl_sum_ns: 0,
+            itl_count: 0,
+            last_finish: Finish::Length,
+            step_out: vec![StepOut::Nothing; n],
+            timings: None,
+            job,
+        });
         self.stats.waiting.store(self.waiting.len() as u64, Relaxed);
     }
 
@@ -164,57 +218,48 @@ impl<S: Sink> Engine<S> {
         self.waiting.len()
     }
 
-    /// Plans the step starting at `now_ns`: aborts requests whose client left, admits waiting
-    /// requests FIFO while `n` slots are free, and returns the step's duration in nanoseconds
-    /// (`None` when there is nothing to run).
+    /// The KV cache's block pool.
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Plans the step starting at `now_ns`: aborts requests whose client left, gives each
+    /// running sequence room for this step's token (preempting the most recently admitted
+    /// requests when blocks run out, as vLLM V1 does), admits waiting requests FIFO while `n`
+    /// slots and their blocks are free (none after a preemption), and returns the step's
+    /// duration in nanoseconds (`None` when there is nothing to run).
     pub fn begin_step(&mut self, now_ns: u64) -> Option<u64> {
         let mut aborted = 0u64;
-        let mut freed = 0u64;
-        self.running.retain(|a| {
-            let keep = !a.job.sink.is_closed();
-            if !keep {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].job.sink.is_closed() {
+                let mut a = self.running.remove(i);
+                self.release_all(&mut a);
                 aborted += 1;
-                freed += u64::from(a.live_seqs);
+            } else {
+                i += 1;
             }
-            keep
-        });
-        self.running_seqs -= freed;
+        }
         let before = self.waiting.len();
-        self.waiting.retain(|j| !j.sink.is_closed());
+        self.waiting.retain(|a| !a.job.sink.is_closed());
         aborted += (before - self.waiting.len()) as u64;
 
+        let preempted = self.make_room();
         let mut prefill_tokens = 0u64;
         let mut admitted_any = false;
         let max = u64::from(self.cfg.max_num_seqs);
-        while let Some(front) = self.waiting.front() {
-            // A request wider than the whole batch runs alone rather than blocking the queue forever.
-            if self.running_seqs + u64::from(front.n) > max && self.running_seqs > 0 {
-                break;
-            }
-            let Some(job) = self.waiting.pop_front() else {
+        while preempted == 0 {
+            let Some(front) = self.waiting.front() else {
                 break;
             };
-            prefill_tokens += job.prompt_tokens;
-            self.running_seqs += u64::from(job.n);
-            self.stats
-                .lock()
-                .queue
-                .observe_n(secs(now_ns.saturating_sub(job.arrival_ns)), 1);
-            let n = job.n as usize;
-            self.running.push(Active {
-                generated: vec![0; n],
-                done: vec![false; n],
-                live_seqs: job.n,
-                admitted_ns: now_ns,
-                first_token_ns: None,
-                last_token_ns: now_ns,
-                itl_sum_ns: 0,
-                itl_count: 0,
-                last_finish: Finish::Length,
-                step_out: vec![StepOut::Nothing; n],
-                timings: None,
-                job,
-            });
+            // A request wider than the whole batch runs alone rather than blocking the queue forever.
+            if self.running_seqs + u64::from(front.live_seqs) > max && self.running_seqs > 0 {
+                break;
+            }
+            let Some(computed) = self.try_admit(now_ns) else {
+                break;
+            };
+            prefill_tokens += computed;
             admitted_any = true;
         }
         if aborted > 0 {
@@ -223,6 +268,7 @@ impl<S: Sink> Engine<S> {
         }
         self.stats.running.store(self.running_seqs, Relaxed);
         self.stats.waiting.store(self.waiting.len() as u64, Relaxed);
+        self.publish_kv();
         if self.running.is_empty() {
             self.mark_idle(now_ns);
             return None;
@@ -286,11 +332,13 @@ impl<S: Sink> Engine<S> {
                     };
                     tokens += 1;
                     a.step_out[c] = StepOut::Token(finish);
+                    a.register_filled(&mut self.pool, c);
                     if let Some(f) = finish {
                         a.done[c] = true;
                         a.live_seqs -= 1;
                         a.last_finish = f;
                         finished_seqs += 1;
+                        self.pool.release(&mut a.blocks[c]);
                     }
                 }
                 if a.live_seqs > 0 {
@@ -301,10 +349,14 @@ impl<S: Sink> Engine<S> {
                 }
                 let first_ns = a.first_token_ns.unwrap_or(end_ns);
                 let t = Timings {
-                    queue_ns: a.admitted_ns.saturating_sub(a.job.arrival_ns),
+                    queue_ns: a
+                        .admitted_ns
+                        .unwrap_or(end_ns)
+                        .saturating_sub(a.job.arrival_ns),
                     ttft_ns: first_ns.saturating_sub(a.job.arrival_ns),
                     mean_itl_ns: a.itl_sum_ns.checked_div(a.itl_count).unwrap_or(0),
                     e2e_ns: end_ns.saturating_sub(a.job.arrival_ns),
+                    cached_tokens: a.cached_tokens,
                 };
                 l.e2e.observe_n(secs(t.e2e_ns), 1);
                 l.finished_by_reason[if a.last_finish == Finish::Stop { 0 } else { 1 }] += 1;
@@ -318,23 +370,11 @@ impl<S: Sink> Engine<S> {
         self.stats.kv_tokens.store(kv, Relaxed);
         self.stats.running.store(self.running_seqs, Relaxed);
         self.stats.record_generated(wall_unix_s, tokens);
-        // Now deliver: tokens, then Done for the requests that finished.
+        // The block truth leaves out the finished requests before their last events go out.
+        self.publish_kv();
         self.running.retain_mut(|a| {
-            for (c, out) in a.step_out.iter().enumerate() {
-                if let StepOut::Token(finish) = *out {
-                    a.job.sink.deliver(Ev::Token {
-                        choice: c as u32,
-                        finish,
-                    });
-                }
-            }
-            match a.timings {
-                Some(t) => {
-                    a.job.sink.deliver(Ev::Done(t));
-                    false
-                }
-                None => true,
-            }
+            deliver(a);
+            a.timings.is_none()
         });
         if self.is_idle() {
             self.mark_idle(end_ns);
@@ -343,7 +383,22 @@ impl<S: Sink> Engine<S> {
     }
 }
 
+/// Delivers what the step produced for `a`: its tokens, then `Done` when it finished.
+fn deliver<S: Sink>(a: &mut Active<S>) {
+    for (c, out) in a.step_out.iter().enumerate() {
+        if let StepOut::Token(finish) = *out {
+            a.job.sink.deliver(Ev::Token {
+                choice: c as u32,
+                finish,
+            });
+        }
+    }
+    if let Some(t) = a.timings {
+        a.job.sink.deliver(Ev::Done(t));
+    }
+}
+
 /// Nanoseconds to seconds.
-fn secs(ns: u64) -> f64 {
+pub(super) fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }

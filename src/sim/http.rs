@@ -19,6 +19,7 @@ use super::metrics::{self, Stats};
 use super::prompt::token_text;
 use super::request::{self, ApiError, GenRequest};
 use super::scheduler::ChannelJob;
+use super::truth::KvTruth;
 use super::wire_parts::{Answering, ChoiceOut};
 use super::{wire_messages, wire_openai, wire_responses};
 use crate::clock::{Clock, NANOS_PER_SEC};
@@ -122,18 +123,20 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<SimBody> 
     let get = req.method() == Method::GET;
     let post = req.method() == Method::POST;
     match path.as_str() {
-        "/health" | "/version" | "/v1/models" | "/metrics" if !get => method_not_allowed("GET"),
+        "/health" | "/version" | "/v1/models" | "/metrics" | "/sim/truth" if !get => {
+            method_not_allowed("GET")
+        }
+        "/sim/truth" => json(
+            200,
+            serde_json::to_string(&KvTruth::read(&app.stats, &app.cfg)).unwrap_or_default(),
+        ),
         "/health" => full(200, None, Bytes::new()),
         "/version" => json(200, r#"{"version":"0.32.0-sim"}"#),
         "/v1/models" => json(200, models_body(&app)),
         "/metrics" => full(
             200,
             Some("text/plain; version=0.0.4; charset=utf-8"),
-            metrics::render(
-                &app.stats,
-                &app.cfg.served_model_name,
-                app.cfg.kv_cache_tokens,
-            ),
+            metrics::render(&app.stats, &app.cfg),
         ),
         "/v1/messages/count_tokens" if !post => method_not_allowed("POST"),
         "/v1/messages/count_tokens" => count_tokens(app, req).await,
@@ -212,7 +215,7 @@ async fn generate(
         Ok((ct, body)) => request::parse(endpoint, &api.request, ct.as_deref(), &body, &app.cfg),
         Err(e) => Err(e),
     };
-    let gen = match parsed {
+    let mut gen = match parsed {
         Ok(g) => g,
         Err(e) => return endpoint_error(api, e),
     };
@@ -221,6 +224,7 @@ async fn generate(
         created_s: arrival_ns / NANOS_PER_SEC,
         per_request_metrics: app.cfg.per_request_metrics,
         stamp: app.cfg.stamp_events,
+        prompt_tokens_details: app.cfg.enable_prompt_tokens_details,
     };
     if app.cfg.fixed_pace {
         return fixed_pace(&app, api, &gen, arrival_ns, &answering).await;
@@ -234,6 +238,7 @@ async fn generate(
         max_tokens: gen.max_tokens,
         stop_after: gen.stop_after.clone(),
         arrival_ns,
+        prompt_ids: std::mem::take(&mut gen.prompt_ids),
         sink: tx,
     };
     app.stats
@@ -280,11 +285,7 @@ async fn generate(
                 }
             }
             Ev::Done(t) => {
-                let timings = app.cfg.per_request_metrics.then_some(t);
-                return json(
-                    200,
-                    (api.full_response)(&gen, &answering, &outs, timings.as_ref()),
-                );
+                return json(200, (api.full_response)(&gen, &answering, &outs, Some(&t)));
             }
         }
     }

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
+use super::config::SimConfig;
 use crate::exposition::vllm::{self, FINISHED_REASONS};
 use crate::exposition::{Metric, Style, Text};
 
@@ -61,6 +62,25 @@ pub struct Locked {
     pub queue: Histogram,
     /// Finished requests by [`FINISHED_REASONS`] index.
     pub finished_by_reason: [u64; 5],
+    /// The KV blocks of each running request, as of the engine's last step boundary.
+    pub kv_requests: Vec<RequestKv>,
+}
+
+/// The KV blocks one running request holds: the sim's ground truth (`/sim/truth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct RequestKv {
+    /// The engine's number for the request (in order of arrival at the engine).
+    pub id: u64,
+    /// Its prompt tokens.
+    pub prompt_tokens: u64,
+    /// Tokens generated so far, all its sequences together.
+    pub generated_tokens: u64,
+    /// Σ over its live sequences of ceil((prompt + generated) / block_size).
+    pub blocks: u64,
+    /// Prompt tokens found in the prefix cache at its first admission.
+    pub cached_tokens: u64,
+    /// Times it was preempted.
+    pub preemptions: u64,
 }
 
 /// Shared live statistics: atomics for the gauges and counters, one lock for the rest.
@@ -83,6 +103,26 @@ pub struct Stats {
     pub aborted: AtomicU64,
     /// Tokens held in the KV cache by running sequences (prompt + generated).
     pub kv_tokens: AtomicU64,
+    /// Σ over running sequences of ceil((prompt + generated) / block_size): the blocks their
+    /// tokens fill, each sequence counted alone (shared prefix blocks once per sequence).
+    pub kv_blocks_held: AtomicU64,
+    /// Distinct KV blocks in use now (shared blocks once; includes the block a step is about to
+    /// write into); `vllm:kv_cache_usage_perc` = this / [`Stats::kv_blocks_usable`].
+    pub kv_blocks_used: AtomicU64,
+    /// Blocks that can hold tokens (`num_gpu_blocks − 1`).
+    pub kv_blocks_usable: AtomicU64,
+    /// Blocks findable by prefix hash now.
+    pub kv_cached_blocks: AtomicU64,
+    /// Cached blocks evicted (reused for other tokens) so far.
+    pub kv_evictions: AtomicU64,
+    /// Running requests preempted (blocks freed, back to waiting) so far.
+    pub preemptions: AtomicU64,
+    /// `vllm:prefix_cache_queries`: prompt tokens looked up in the prefix cache.
+    pub prefix_cache_queries: AtomicU64,
+    /// `vllm:prefix_cache_hits`: of those, tokens found.
+    pub prefix_cache_hits: AtomicU64,
+    /// `vllm:prompt_tokens_cached`: cached prompt tokens of admitted requests, once each.
+    pub prompt_tokens_cached: AtomicU64,
     /// Decode steps executed.
     pub steps: AtomicU64,
     /// Largest step lag (actual wake − scheduled deadline), nanoseconds.
@@ -112,6 +152,15 @@ impl Stats {
             finished: z(),
             aborted: z(),
             kv_tokens: z(),
+            kv_blocks_held: z(),
+            kv_blocks_used: z(),
+            kv_blocks_usable: z(),
+            kv_cached_blocks: z(),
+            kv_evictions: z(),
+            preemptions: z(),
+            prefix_cache_queries: z(),
+            prefix_cache_hits: z(),
+            prompt_tokens_cached: z(),
             steps: z(),
             lag_max_ns: z(),
             lag_sum_ns: z(),
@@ -123,6 +172,7 @@ impl Stats {
                 e2e: Histogram::new(vllm::E2E_REQUEST_LATENCY_SECONDS.buckets),
                 queue: Histogram::new(vllm::REQUEST_QUEUE_TIME_SECONDS.buckets),
                 finished_by_reason: [0; 5],
+                kv_requests: Vec::new(),
             }),
             ring: (0..window_s.max(1))
                 .map(|_| AtomicU64::new(u64::MAX))
@@ -191,30 +241,51 @@ impl Stats {
 }
 
 /// Renders `/metrics` in Prometheus text format with vLLM's names, help texts and labels.
-pub fn render(stats: &Stats, model: &str, kv_capacity: u64) -> String {
-    let mut out = String::with_capacity(8192);
+pub fn render(stats: &Stats, cfg: &SimConfig) -> String {
+    let mut out = String::with_capacity(12288);
     let mut w = Text::new(&mut out, Style::Python);
+    let model = cfg.served_model_name.as_str();
     let labels = ["0", model];
-    let kv = stats.kv_tokens.load(Relaxed) as f64 / kv_capacity.max(1) as f64;
-    let levels: [(&Metric, f64); 5] = [
+    let usable = stats.kv_blocks_usable.load(Relaxed);
+    let kv = stats.kv_blocks_used.load(Relaxed) as f64 / usable.max(1) as f64;
+    let waiting = stats.waiting_total() as f64;
+    let levels: [(&Metric, f64); 3] = [
         (
             &vllm::NUM_REQUESTS_RUNNING,
             stats.running.load(Relaxed) as f64,
         ),
-        (&vllm::NUM_REQUESTS_WAITING, stats.waiting_total() as f64),
+        (&vllm::NUM_REQUESTS_WAITING, waiting),
         (&vllm::KV_CACHE_USAGE_PERC, kv.min(1.0)),
-        (
-            &vllm::PROMPT_TOKENS_TOTAL,
-            stats.prompt_tokens_total.load(Relaxed) as f64,
-        ),
-        (
-            &vllm::GENERATION_TOKENS_TOTAL,
-            stats.generation_tokens_total.load(Relaxed) as f64,
-        ),
     ];
     for (m, v) in levels {
         w.header(m);
         w.sample(m, labels, v);
+    }
+    let m = &vllm::NUM_REQUESTS_WAITING_BY_REASON;
+    w.header(m);
+    for (reason, v) in vllm::WAITING_REASONS.iter().zip([waiting, 0.0]) {
+        w.sample(m, ["0", model, reason], v);
+    }
+    let counters: [(&Metric, &AtomicU64); 6] = [
+        (&vllm::PROMPT_TOKENS_TOTAL, &stats.prompt_tokens_total),
+        (
+            &vllm::GENERATION_TOKENS_TOTAL,
+            &stats.generation_tokens_total,
+        ),
+        (&vllm::NUM_PREEMPTIONS_TOTAL, &stats.preemptions),
+        (
+            &vllm::PREFIX_CACHE_QUERIES_TOTAL,
+            &stats.prefix_cache_queries,
+        ),
+        (&vllm::PREFIX_CACHE_HITS_TOTAL, &stats.prefix_cache_hits),
+        (
+            &vllm::PROMPT_TOKENS_CACHED_TOTAL,
+            &stats.prompt_tokens_cached,
+        ),
+    ];
+    for (m, v) in counters {
+        w.header(m);
+        w.sample(m, labels, v.load(Relaxed) as f64);
     }
     let l = stats.lock();
     let m = &vllm::REQUEST_SUCCESS_TOTAL;
@@ -232,7 +303,64 @@ pub fn render(stats: &Stats, model: &str, kv_capacity: u64) -> String {
         w.histogram(m, labels, &h.counts, h.count, h.sum_s);
     }
     drop(l);
+    let m = &vllm::CACHE_CONFIG_INFO;
+    w.header(m);
+    w.sample(
+        m,
+        cache_config_values(cfg).each_ref().map(String::as_str),
+        1.0,
+    );
     out
+}
+
+/// The values of `vllm:cache_config_info`'s labels ([`vllm::CACHE_CONFIG_LABELS`], same order):
+/// the simulator's settings where it has them, vLLM 0.32's defaults (as recorded) elsewhere.
+pub fn cache_config_values(cfg: &SimConfig) -> [String; 37] {
+    let py_bool = |b: bool| if b { "True" } else { "False" }.to_string();
+    let s = |v: &str| v.to_string();
+    let bs = cfg.block_size.to_string();
+    let tokens = cfg.kv_cache_tokens();
+    // vLLM's kv_cache_max_concurrency: requests of max_model_len tokens the cache holds at once.
+    let concurrency = tokens as f64 / cfg.max_model_len.max(1) as f64;
+    [
+        s("True"),
+        bs.clone(),
+        s("auto"),
+        s("None"),
+        bs,
+        s("False"),
+        py_bool(cfg.enable_prefix_caching),
+        s("0"),
+        s("0.92"),
+        s("None"),
+        s("False"),
+        s("[]"),
+        s("None"),
+        format!("{concurrency:?}"),
+        s("None"),
+        tokens.to_string(),
+        s("native"),
+        s("None"),
+        s("False"),
+        s("None"),
+        s("auto"),
+        s("none"),
+        s("None"),
+        s("auto"),
+        s("None"),
+        cfg.num_gpu_blocks.to_string(),
+        s("None"),
+        s("0"),
+        s("sha256"),
+        s("None"),
+        s("16"),
+        s("None"),
+        s("None"),
+        s("True"),
+        s("False"),
+        s("False"),
+        s("False"),
+    ]
 }
 
 #[cfg(test)]
@@ -256,7 +384,11 @@ mod tests {
     fn histogram_buckets_are_cumulative_in_text() {
         let s = Stats::new(1);
         s.lock().ttft.observe_n(0.03, 2);
-        let text = render(&s, "m", 1);
+        let cfg = SimConfig {
+            served_model_name: "m".into(),
+            ..SimConfig::default()
+        };
+        let text = render(&s, &cfg);
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.02\",model_name=\"m\"} 0.0"));
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.04\",model_name=\"m\"} 2.0"));
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"m\"} 2.0"));

@@ -7,13 +7,16 @@ pub mod api;
 pub mod body;
 pub mod config;
 pub mod engine;
+mod engine_kv;
 pub mod http;
+pub mod kv;
 pub mod metrics;
 pub mod prompt;
 pub mod request;
 pub mod scheduler;
 pub mod statslog;
 pub mod tools;
+pub mod truth;
 pub mod wire_messages;
 pub mod wire_openai;
 pub mod wire_parts;
@@ -85,6 +88,22 @@ pub struct SimOverrides {
     /// Fill the per-request `metrics` object.
     #[arg(long)]
     pub per_request_metrics: bool,
+    /// KV-cache blocks (one is vLLM's null block).
+    #[arg(long, help = with_default("KV-cache blocks (one is vLLM's null block); the cache holds num_gpu_blocks × block_size tokens", SimConfig::default().num_gpu_blocks))]
+    pub num_gpu_blocks: Option<u32>,
+    /// Tokens per KV-cache block.
+    #[arg(long, help = with_default("Tokens per KV-cache block", SimConfig::default().block_size))]
+    pub block_size: Option<u32>,
+    /// Turn the prefix cache on (vLLM V1's default).
+    #[arg(long, conflicts_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Turn the prefix cache off.
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+    /// Report cached prompt tokens in chat's `usage.prompt_tokens_details` and Messages'
+    /// `usage.cache_read_input_tokens` (off by default, as vLLM).
+    #[arg(long)]
+    pub enable_prompt_tokens_details: bool,
 }
 
 /// A flag's help with the value it has when neither the flag nor the config file sets it (the
@@ -112,7 +131,15 @@ impl SimArgs {
         }
         set!(max_num_seqs => max_num_seqs, step_base_ms => step_base_ms, step_per_seq_ms => step_per_seq_ms,
              prefill_tok_s => prefill_tok_s, cold_start_ms => cold_start_ms, model => served_model_name,
-             max_model_len => max_model_len, fixed_ttft_ms => fixed_ttft_ms, fixed_gap_ms => fixed_gap_ms);
+             max_model_len => max_model_len, fixed_ttft_ms => fixed_ttft_ms, fixed_gap_ms => fixed_gap_ms,
+             num_gpu_blocks => num_gpu_blocks, block_size => block_size);
+        if o.enable_prefix_caching {
+            c.enable_prefix_caching = true;
+        }
+        if o.no_enable_prefix_caching {
+            c.enable_prefix_caching = false;
+        }
+        c.enable_prompt_tokens_details |= o.enable_prompt_tokens_details;
         c.fixed_pace |= o.fixed_pace;
         c.stamp_events |= o.stamp_events;
         c.per_request_metrics |= o.per_request_metrics;
@@ -177,6 +204,7 @@ pub struct StepLag {
 #[derive(Debug)]
 pub struct SimHandle {
     addr: SocketAddr,
+    config: SimConfig,
     stats: Arc<metrics::Stats>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -215,13 +243,14 @@ pub async fn spawn(
     if config.log_stats_interval_s > 0.0 {
         tasks.push(tokio::spawn(statslog::run(
             config.log_stats_interval_s,
-            config.kv_cache_tokens,
+            config.kv_cache_tokens(),
             Arc::clone(&stats),
             shutdown_rx,
         )));
     }
     Ok(SimHandle {
         addr,
+        config,
         stats,
         shutdown,
         tasks,
@@ -272,6 +301,11 @@ impl SimHandle {
     /// `Clock::global().now() / 1e9` at the moment the engine emitted them; last hour kept by default).
     pub fn generated_tokens_in(&self, from_unix_s: u64, to_unix_s_exclusive: u64) -> u64 {
         self.stats.generated_in(from_unix_s, to_unix_s_exclusive)
+    }
+
+    /// The KV cache's ground truth now (what `GET /sim/truth` answers).
+    pub fn kv_truth(&self) -> truth::KvTruth {
+        truth::KvTruth::read(&self.stats, &self.config)
     }
 
     /// The engine's step lag so far.

@@ -72,6 +72,96 @@ pub fn token_text(index: u64) -> &'static str {
     FILLER_WORDS[(index % FILLER_WORDS.len() as u64) as usize]
 }
 
+/// The identity of the `j`-th (0..4) template token opening every chat message; the three
+/// tokens closing a chat prompt (the assistant prefix) are the first three of these, so a
+/// prompt followed by its answer reads like the next prompt's assistant message.
+pub fn header_id(j: u64) -> u64 {
+    0xa5a5_0000_0000_0000 | j
+}
+
+/// The identity of the begin-of-sequence token of a completions prompt.
+const BOS_ID: u64 = 0xa5a5_0000_0000_0100;
+
+/// The identity of one text token: the FNV-1a hash of its (at most 4) characters.
+fn chunk_id(bytes: impl Iterator<Item = u8>) -> u64 {
+    let mut hash = FNV_OFFSET;
+    for b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash & 0x7fff_ffff_ffff_ffff
+}
+
+/// Pushes the identities of `text`'s tokens: one per 4 characters (the last may be shorter),
+/// as [`text_tokens`] counts them.
+fn push_text_ids(text: &str, out: &mut Vec<u64>) {
+    let mut start = 0;
+    let mut chars = 0;
+    for (i, _) in text.char_indices() {
+        if chars == 4 {
+            out.push(chunk_id(text[start..i].bytes()));
+            start = i;
+            chars = 0;
+        }
+        chars += 1;
+    }
+    if chars > 0 {
+        out.push(chunk_id(text[start..].bytes()));
+    }
+}
+
+/// The identities of a chat-like prompt's tokens, one per token that
+/// [`chat_prompt_tokens`] counts: per message its 4 template tokens and its text's tokens, then
+/// the 3 tokens of the assistant prefix. Equal texts give equal identities, whatever JSON form
+/// carried them (a string or text blocks, with or without `cache_control`).
+pub fn chat_prompt_ids(message_texts: &[String]) -> Vec<u64> {
+    let total: u64 = message_texts
+        .iter()
+        .map(|t| text_tokens(t) + 4)
+        .sum::<u64>()
+        + 3;
+    let mut out = Vec::with_capacity(total as usize);
+    for t in message_texts {
+        out.extend((0..4).map(header_id));
+        push_text_ids(t, &mut out);
+    }
+    out.extend((0..3).map(header_id));
+    out
+}
+
+/// The identities of a completions prompt's tokens: the begin-of-sequence token, then its
+/// text's tokens.
+pub fn completion_prompt_ids(prompt: &str) -> Vec<u64> {
+    let mut out = Vec::with_capacity(text_tokens(prompt) as usize + 1);
+    out.push(BOS_ID);
+    push_text_ids(prompt, &mut out);
+    out
+}
+
+/// The identity of the `index`-th (0-based) generated token of a sequence, as the next chat
+/// prompt will read it when it carries the answer as an assistant message: the message's last
+/// template token first, then the 4-character tokens of the answer's text (the filler words
+/// concatenated, which is periodic: their tokens never depend on how the answer ended).
+pub fn generated_id(index: u64) -> u64 {
+    if index == 0 {
+        return header_id(3);
+    }
+    let period: usize = FILLER_WORDS.iter().map(|w| w.len()).sum();
+    let start = ((index - 1) * 4) as usize % period;
+    chunk_id((start..start + 4).map(|i| filler_byte(i % period)))
+}
+
+/// The `i`-th byte of the filler words concatenated (one period).
+fn filler_byte(mut i: usize) -> u8 {
+    for w in FILLER_WORDS {
+        if i < w.len() {
+            return w.as_bytes()[i];
+        }
+        i -= w.len();
+    }
+    b' '
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,6 +177,38 @@ mod tests {
             (1 + 4) + (2 + 4) + 3
         );
         assert_eq!(completion_prompt_tokens("def hello():"), 3 + 1);
+    }
+
+    #[test]
+    fn identities_count_like_the_estimates_and_an_answer_extends_its_prompt() {
+        let texts = vec!["You are helpful.".to_string(), "hello there".to_string()];
+        let ids = chat_prompt_ids(&texts);
+        assert_eq!(
+            ids.len() as u64,
+            chat_prompt_tokens(texts.iter().map(String::as_str))
+        );
+        assert_eq!(
+            completion_prompt_ids("def hello():").len() as u64,
+            completion_prompt_tokens("def hello():")
+        );
+        // The conversation extended by the answer (7 tokens, cut by length) and a new message.
+        let answer: String = (0..7).map(token_text).collect();
+        let mut next = texts.clone();
+        next.push(answer);
+        next.push("thanks".to_string());
+        let next_ids = chat_prompt_ids(&next);
+        let extended: Vec<u64> = ids
+            .iter()
+            .copied()
+            .chain((0..7).map(generated_id))
+            .collect();
+        assert_eq!(&next_ids[..extended.len()], &extended[..]);
+        // And with a stop: the answer's text lacks its last token, the first 7 still agree.
+        let stopped: String = (0..6).map(token_text).collect();
+        let mut next = texts.clone();
+        next.push(stopped);
+        next.push("thanks".to_string());
+        assert_eq!(&chat_prompt_ids(&next)[..extended.len()], &extended[..]);
     }
 
     #[test]

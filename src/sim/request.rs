@@ -68,6 +68,8 @@ pub struct GenRequest {
     pub n: u32,
     /// Estimated prompt tokens (see [`prompt`]).
     pub prompt_tokens: u64,
+    /// The prompt tokens' identities for the prefix cache (empty when it is off).
+    pub prompt_ids: Vec<u64>,
     /// Output limit per choice.
     pub max_tokens: u64,
     /// Per choice: stop rule position (`None` = runs to max_tokens).
@@ -311,6 +313,11 @@ pub fn parse(
     let stop_after = (0..n as u32)
         .map(|c| prompt::stop_after_tokens(hash, seed, c, p))
         .collect();
+    let prompt_ids = if cfg.enable_prefix_caching {
+        prompt_ids(endpoint, &texts, prompt_tokens)
+    } else {
+        Vec::new()
+    };
     let tool = rules.tools.and_then(|shape| tools::forced(obj, shape));
     let echo = rules.echo.map(|read| Box::new(read(obj)));
     Ok(GenRequest {
@@ -320,11 +327,34 @@ pub fn parse(
         continuous_usage,
         n: n as u32,
         prompt_tokens,
+        prompt_ids,
         max_tokens,
         stop_after,
         tool,
         echo,
     })
+}
+
+/// The identities of a prompt's tokens (see [`prompt::chat_prompt_ids`]): a completions prompt
+/// of token ids is its ids; empty when they cannot be told (never cached).
+fn prompt_ids(endpoint: Api, texts: &[String], prompt_tokens: u64) -> Vec<u64> {
+    let ids = match (endpoint, texts) {
+        (Api::Completions, [one]) => {
+            let ids = prompt::completion_prompt_ids(one);
+            if ids.len() as u64 == prompt_tokens {
+                ids
+            } else {
+                serde_json::from_str::<Vec<u64>>(one).unwrap_or_default()
+            }
+        }
+        (Api::Completions, _) => Vec::new(),
+        _ => prompt::chat_prompt_ids(texts),
+    };
+    if ids.len() as u64 == prompt_tokens {
+        ids
+    } else {
+        Vec::new()
+    }
 }
 
 /// 404 unless `model` is absent, null or the served name.

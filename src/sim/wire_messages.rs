@@ -38,12 +38,28 @@ pub const MESSAGES: SimApi = SimApi {
         echo: None,
     },
     writer,
-    full_response: |req, a, choices, _| full_response(req, a.model, &choices[0]),
+    full_response: |req, a, choices, t| {
+        let cached = cache_read(a.prompt_tokens_details, t.map_or(0, |t| t.cached_tokens));
+        full_response(req, a.model, &choices[0], &cached)
+    },
     error: to_anthropic,
 };
 
 fn writer(req: &GenRequest, a: &Answering<'_>) -> Box<dyn EventWrite> {
-    Box::new(MessagesWriter::new(req, a.model))
+    let mut w = MessagesWriter::new(req, a.model);
+    w.prompt_tokens_details = a.prompt_tokens_details;
+    Box::new(w)
+}
+
+/// The usage member reporting cached prompt tokens, with its leading comma: vLLM's Messages
+/// answers are its chat answers converted, so it is there only where chat's
+/// `prompt_tokens_details` is (the switch on, some tokens cached).
+fn cache_read(on: bool, cached_tokens: u64) -> String {
+    if on && cached_tokens > 0 {
+        format!(",\"cache_read_input_tokens\":{cached_tokens}")
+    } else {
+        String::new()
+    }
 }
 
 /// Anthropic's `stop_reason` for how a sequence ended.
@@ -64,6 +80,8 @@ pub struct MessagesWriter {
     tool: Option<ForcedTool>,
     tokens: u64,
     finish: Finish,
+    /// Report cached prompt tokens (`cache_read_input_tokens`).
+    pub prompt_tokens_details: bool,
 }
 
 impl MessagesWriter {
@@ -76,6 +94,7 @@ impl MessagesWriter {
             tool: req.tool.clone(),
             tokens: 0,
             finish: Finish::Length,
+            prompt_tokens_details: false,
         }
     }
 
@@ -127,16 +146,17 @@ impl MessagesWriter {
     }
 
     /// `content_block_stop`, `message_delta` with the usage, `message_stop`.
-    fn done_events(&mut self, out: &mut VecDeque<Bytes>) {
+    fn done_events(&mut self, cached_tokens: u64, out: &mut VecDeque<Bytes>) {
         out.push_back(typed_event(
             "content_block_stop",
             "{\"type\":\"content_block_stop\",\"index\":0}",
         ));
         let json = format!(
-            "{{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{}\",\"stop_sequence\":null}},\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}}}}}",
+            "{{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{}\",\"stop_sequence\":null}},\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}{}}}}}",
             stop_reason(self.finish, self.tool.is_some()),
             self.prompt_tokens,
-            self.tokens
+            self.tokens,
+            cache_read(self.prompt_tokens_details, cached_tokens)
         );
         out.push_back(typed_event("message_delta", &json));
         out.push_back(typed_event("message_stop", "{\"type\":\"message_stop\"}"));
@@ -149,13 +169,13 @@ impl EventWrite for MessagesWriter {
         self.token_events(finish, out);
     }
 
-    fn done(&mut self, _timings: Option<&Timings>, out: &mut VecDeque<Bytes>) {
-        self.done_events(out);
+    fn done(&mut self, timings: Option<&Timings>, out: &mut VecDeque<Bytes>) {
+        self.done_events(timings.map_or(0, |t| t.cached_tokens), out);
     }
 }
 
 /// The non-streamed Messages answer.
-pub fn full_response(req: &GenRequest, model: &str, out: &ChoiceOut) -> String {
+pub fn full_response(req: &GenRequest, model: &str, out: &ChoiceOut, cache_read: &str) -> String {
     let content = match &req.tool {
         Some(t) => {
             let input: serde_json::Value = serde_json::from_str(&t.arguments(out.tokens))
@@ -172,7 +192,7 @@ pub fn full_response(req: &GenRequest, model: &str, out: &ChoiceOut) -> String {
         ),
     };
     format!(
-        "{{\"id\":\"{}\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[{content}],\"model\":{},\"stop_reason\":\"{}\",\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}}}}}",
+        "{{\"id\":\"{}\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[{content}],\"model\":{},\"stop_reason\":\"{}\",\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}{cache_read}}}}}",
         prefixed("chatcmpl-"),
         json_str(model),
         stop_reason(out.finish, req.tool.is_some()),

@@ -13,7 +13,7 @@ use super::prompt::{self, token_text};
 use super::request::{bad, missing, py_repr, validation, ApiError, GenRequest, RequestRules};
 use super::tools::{ForcedTool, ToolShape};
 pub use super::wire_parts::{json_str, prefixed, typed_event, ChoiceOut};
-use super::wire_parts::{Answering, EventWrite};
+use super::wire_parts::{prompt_tokens_details, Answering, EventWrite};
 use crate::dialect::Api;
 
 /// `system_fingerprint` the simulator reports.
@@ -91,6 +91,7 @@ pub struct StreamWriter {
     include_usage: bool,
     continuous: bool,
     per_request_metrics: bool,
+    prompt_tokens_details: bool,
     generated: Vec<u64>,
     roles_sent: bool,
     /// Add `"tm_sent_ns"` with CLOCK_MONOTONIC at build time.
@@ -119,6 +120,7 @@ impl StreamWriter {
             include_usage: req.include_usage,
             continuous: req.continuous_usage,
             per_request_metrics: a.per_request_metrics,
+            prompt_tokens_details: a.prompt_tokens_details,
             generated: vec![0; req.n as usize],
             roles_sent: req.endpoint == Api::Completions,
             stamp: a.stamp,
@@ -238,6 +240,13 @@ impl StreamWriter {
             s.push_str(&self.head);
             s.push_str("\"choices\":[],");
             self.usage(&mut s, self.completion_tokens(), false);
+            let cached = timings.map_or(0, |t| t.cached_tokens);
+            if let Some(d) = prompt_tokens_details(self.prompt_tokens_details, cached) {
+                s.pop();
+                s.push_str(",\"prompt_tokens_details\":");
+                s.push_str(&d);
+                s.push('}');
+            }
             s.push_str(",\"system_fingerprint\":\"");
             s.push_str(SYSTEM_FINGERPRINT);
             s.push('"');
@@ -299,10 +308,16 @@ pub fn full_response(
         ("chat.completion", "\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null")
     };
     let metrics = timings
+        .filter(|_| a.per_request_metrics)
         .map(metrics_json)
         .unwrap_or_else(|| "null".to_string());
+    let details = prompt_tokens_details(
+        a.prompt_tokens_details,
+        timings.map_or(0, |t| t.cached_tokens),
+    )
+    .unwrap_or_else(|| "null".to_string());
     format!(
-        "{{\"id\":\"{}\",\"object\":\"{object}\",\"created\":{created_s},\"model\":{},\"choices\":[{}],\"service_tier\":null,\"system_fingerprint\":\"{SYSTEM_FINGERPRINT}\",\"usage\":{{\"prompt_tokens\":{p},\"total_tokens\":{},\"completion_tokens\":{},\"prompt_tokens_details\":null,\"completion_tokens_details\":null}},{tail},\"metrics\":{metrics}}}",
+        "{{\"id\":\"{}\",\"object\":\"{object}\",\"created\":{created_s},\"model\":{},\"choices\":[{}],\"service_tier\":null,\"system_fingerprint\":\"{SYSTEM_FINGERPRINT}\",\"usage\":{{\"prompt_tokens\":{p},\"total_tokens\":{},\"completion_tokens\":{},\"prompt_tokens_details\":{details},\"completion_tokens_details\":null}},{tail},\"metrics\":{metrics}}}",
         new_id(req.endpoint),
         json_str(model),
         arr.join(","),

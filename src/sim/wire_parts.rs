@@ -31,6 +31,15 @@ pub struct Answering<'a> {
     pub per_request_metrics: bool,
     /// Stamp each event with `tm_sent_ns` (CLOCK_MONOTONIC when it was built).
     pub stamp: bool,
+    /// Report cached prompt tokens where vLLM does only with `--enable-prompt-tokens-details`
+    /// (chat's `prompt_tokens_details`, Messages' `cache_read_input_tokens`).
+    pub prompt_tokens_details: bool,
+}
+
+/// Chat's `prompt_tokens_details` value: vLLM sets it only with the switch on and some prompt
+/// tokens cached.
+pub fn prompt_tokens_details(on: bool, cached_tokens: u64) -> Option<String> {
+    (on && cached_tokens > 0).then(|| format!("{{\"cached_tokens\":{cached_tokens}}}"))
 }
 
 /// `prefix` followed by 16 random hex digits (vLLM's id form).

@@ -36,7 +36,10 @@ pub const RESPONSES: SimApi = SimApi {
         echo: Some(responses_echo),
     },
     writer: |req, a| Box::new(ResponsesWriter::new(req, a.model, a.created_s)),
-    full_response: |req, a, choices, _| full_response(req, a.model, a.created_s, &choices[0]),
+    full_response: |req, a, choices, t| {
+        let cached = t.map_or(0, |t| t.cached_tokens);
+        full_response(req, a.model, a.created_s, &choices[0], cached)
+    },
     error: std::convert::identity,
 };
 
@@ -60,6 +63,8 @@ struct Head {
     item_id: String,
     /// `chatcmpl-tool-…`: the call id of a forced tool call.
     call_id: String,
+    /// Prompt tokens found in the prefix cache (`usage.input_tokens_details.cached_tokens`).
+    cached_tokens: u64,
 }
 
 impl Head {
@@ -80,6 +85,7 @@ impl Head {
             prompt_tokens: req.prompt_tokens,
             item_id: prefixed(if tool.is_some() { "fc_" } else { "msg_" }),
             call_id: prefixed("chatcmpl-tool-"),
+            cached_tokens: 0,
             tool,
         }
     }
@@ -119,7 +125,8 @@ impl Head {
             Some((tokens, finish)) => {
                 let p = self.prompt_tokens;
                 let usage = format!(
-                    "{{\"input_tokens\":{p},\"input_tokens_details\":{{\"cached_tokens\":0,\"cache_write_tokens\":0,\"input_tokens_per_turn\":[],\"cached_tokens_per_turn\":[]}},\"output_tokens\":{tokens},\"output_tokens_details\":{{\"reasoning_tokens\":0,\"tool_output_tokens\":0,\"output_tokens_per_turn\":[],\"tool_output_tokens_per_turn\":[]}},\"total_tokens\":{}}}",
+                    "{{\"input_tokens\":{p},\"input_tokens_details\":{{\"cached_tokens\":{},\"cache_write_tokens\":0,\"input_tokens_per_turn\":[],\"cached_tokens_per_turn\":[]}},\"output_tokens\":{tokens},\"output_tokens_details\":{{\"reasoning_tokens\":0,\"tool_output_tokens\":0,\"output_tokens_per_turn\":[],\"tool_output_tokens_per_turn\":[]}},\"total_tokens\":{}}}",
+                    self.cached_tokens,
                     p + tokens
                 );
                 let output = format!("[{}]", self.item(tokens, finish, true));
@@ -296,14 +303,23 @@ impl EventWrite for ResponsesWriter {
         self.token_events(finish, out);
     }
 
-    fn done(&mut self, _timings: Option<&Timings>, out: &mut VecDeque<Bytes>) {
+    fn done(&mut self, timings: Option<&Timings>, out: &mut VecDeque<Bytes>) {
+        self.head.cached_tokens = timings.map_or(0, |t| t.cached_tokens);
         self.done_events(out);
     }
 }
 
 /// The non-streamed Responses answer: the finished `response` object.
-pub fn full_response(req: &GenRequest, model: &str, created_s: u64, out: &ChoiceOut) -> String {
-    Head::new(req, model, created_s).response(Some((out.tokens, out.finish)))
+pub fn full_response(
+    req: &GenRequest,
+    model: &str,
+    created_s: u64,
+    out: &ChoiceOut,
+    cached_tokens: u64,
+) -> String {
+    let mut head = Head::new(req, model, created_s);
+    head.cached_tokens = cached_tokens;
+    head.response(Some((out.tokens, out.finish)))
 }
 
 /// Responses: `instructions` (one message) and each `input` item (a string input is one user

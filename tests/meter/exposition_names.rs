@@ -132,6 +132,7 @@ const KV: &str = "
 
 /// The simulator's series: vLLM's names and labels.
 const SIM: &str = "
+    vllm:cache_config_info gauge _block_size_resolved,block_size,cache_dtype,cache_hit_alignment_tokens,effective_attention_block_size,enable_mamba_shared_prefix_checkpoint,enable_prefix_caching,engine,gpu_memory_utilization,hash_block_size,is_attention_free,kv_cache_dtype_skip_layers,kv_cache_layout,kv_cache_max_concurrency,kv_cache_memory_bytes,kv_cache_size_tokens,kv_offloading_backend,kv_offloading_size,kv_sharing_fast_prefill,mamba_block_size,mamba_cache_dtype,mamba_cache_mode,mamba_page_size_padded,mamba_ssm_cache_dtype,num_cpu_blocks,num_gpu_blocks,num_gpu_blocks_override,prefix_cache_retention_interval,prefix_caching_hash_algo,prefix_match_unit,replayssm_buffer_len,skip_page_size_padded,sliding_window,swa_bounded_replay,use_kda_recoverssm,use_replayssm,user_specified_block_size
     vllm:e2e_request_latency_seconds_bucket histogram engine,le,model_name
     vllm:e2e_request_latency_seconds_count histogram engine,model_name
     vllm:e2e_request_latency_seconds_sum histogram engine,model_name
@@ -141,7 +142,12 @@ const SIM: &str = "
     vllm:inter_token_latency_seconds_sum histogram engine,model_name
     vllm:kv_cache_usage_perc gauge engine,model_name
     vllm:num_requests_running gauge engine,model_name
+    vllm:num_preemptions_total counter engine,model_name
     vllm:num_requests_waiting gauge engine,model_name
+    vllm:num_requests_waiting_by_reason gauge engine,model_name,reason
+    vllm:prefix_cache_hits_total counter engine,model_name
+    vllm:prefix_cache_queries_total counter engine,model_name
+    vllm:prompt_tokens_cached_total counter engine,model_name
     vllm:prompt_tokens_total counter engine,model_name
     vllm:request_queue_time_seconds_bucket histogram engine,le,model_name
     vllm:request_queue_time_seconds_count histogram engine,model_name

@@ -182,6 +182,7 @@ fn run_traffic(t: &Traffic) -> (Meter, Vec<tokenmeter::record::RequestRecord>) {
                 max_tokens: rng.gen_range(out.0..out.1),
                 stop_after: vec![None],
                 arrival_ns: at,
+                prompt_ids: Vec::new(),
                 sink: rec.clone(),
             });
             meter.send(T0 + at, id, Call::Start(format!("agent-{agent}")));

@@ -14,6 +14,8 @@ mod sim_config;
 mod sim_engine;
 mod sim_engine_core;
 mod sim_fixed_pace;
+mod sim_kv;
+mod sim_kv_http;
 mod sim_metrics;
 mod sim_rates;
 mod sim_scale;

@@ -74,3 +74,38 @@ fn defaults_reproduce_the_benchmarked_box() {
     assert!((one - 69.9).abs() < 0.1, "{one}");
     assert!((sixteen - 349.3).abs() < 0.5, "{sixteen}");
 }
+
+#[test]
+fn kv_cache_settings_from_file_and_flags() {
+    let d = SimConfig::default();
+    assert_eq!((d.num_gpu_blocks, d.block_size), (65_536, 16));
+    assert_eq!(d.kv_cache_tokens(), 1_048_576);
+    assert!(d.enable_prefix_caching, "on by default, as vLLM V1");
+    assert!(!d.enable_prompt_tokens_details, "off by default, as vLLM");
+    let w = Wrapper::parse_from([
+        "x",
+        "--num-gpu-blocks",
+        "100",
+        "--block-size",
+        "32",
+        "--no-enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--max-model-len",
+        "3168",
+    ]);
+    let c = w.sim.to_config().unwrap();
+    assert_eq!(
+        (c.num_gpu_blocks, c.block_size, c.kv_cache_tokens()),
+        (100, 32, 3200)
+    );
+    assert!(!c.enable_prefix_caching && c.enable_prompt_tokens_details);
+    // One request of max_model_len tokens must fit the usable blocks, as vLLM checks at start.
+    let too_long = Wrapper::parse_from(["x", "--num-gpu-blocks", "100", "--max-model-len", "1585"]);
+    assert!(too_long.sim.to_config().is_err());
+    assert!(SimConfig {
+        block_size: 0,
+        ..SimConfig::default()
+    }
+    .validate()
+    .is_err());
+}

@@ -59,6 +59,7 @@ fn job(prompt: u64, max: u64, n: u32, arrival_ns: u64) -> (Job<Rec>, Rec) {
         max_tokens: max,
         stop_after: vec![None; n as usize],
         arrival_ns,
+        prompt_ids: Vec::new(),
         sink: r.clone(),
     };
     (j, r)
@@ -245,6 +246,7 @@ fn stop_rule_and_n_choices() {
         max_tokens: 6,
         stop_after: vec![Some(3), None],
         arrival_ns: 0,
+        prompt_ids: Vec::new(),
         sink: r.clone(),
     });
     assert_eq!(
