@@ -66,7 +66,7 @@ pub const GAUGES: [Gauge; 8] = [
     Gauge {
         metric: Metric::gauge(
             "tokenmeter_kv_blocks_server",
-            "KV-cache blocks in use by vLLM's count: kv_cache_usage_perc x num_gpu_blocks of the last scrape.",
+            "KV-cache blocks in use by vLLM's count: kv_cache_usage_perc x (num_gpu_blocks - 1) of the last scrape.",
             Unit::Count("{block}"),
             &[],
         ),

@@ -138,6 +138,12 @@ impl KvCache {
         }
     }
 
+    /// Blocks that can hold tokens: `num_gpu_blocks − 1` (vLLM keeps one as its null block, and
+    /// `kv_cache_usage_perc` is blocks in use over these).
+    pub fn usable_blocks(&self) -> Option<u64> {
+        Some(self.num_gpu_blocks?.saturating_sub(1))
+    }
+
     /// Blocks a sequence of `tokens` holds: `ceil(tokens / block_size)`.
     pub fn blocks_of(&self, tokens: u64) -> Option<u64> {
         Some(tokens.div_ceil(self.block_size?))
@@ -187,7 +193,7 @@ pub struct KvEstimate {
     /// Blocks they hold: Σ ceil((prompt + generated so far) / block_size); `null` without a
     /// block size.
     pub blocks: Option<u64>,
-    /// vLLM's blocks in use: `kv_cache_usage_perc × num_gpu_blocks` of the last scrape.
+    /// vLLM's blocks in use: `kv_cache_usage_perc × (num_gpu_blocks − 1)` of the last scrape.
     pub server_blocks: Option<f64>,
     /// `server_blocks − blocks`: > 0 is traffic that bypassed the proxy (or blocks not yet
     /// freed); < 0 is prefix blocks shared between sequences (counted once by vLLM).
@@ -199,9 +205,9 @@ pub struct KvEstimate {
 pub struct KvHeadroom {
     /// Blocks in use: the larger of the proxy's estimate and vLLM's count.
     pub used_blocks: Option<f64>,
-    /// `used_blocks / num_gpu_blocks`.
+    /// `used_blocks / (num_gpu_blocks − 1)`.
     pub used_fraction: Option<f64>,
-    /// `floor((num_gpu_blocks − used_blocks) / ceil(p90 context / block_size))`, at least 0.
+    /// `floor((num_gpu_blocks − 1 − used_blocks) / ceil(p90 context / block_size))`, at least 0.
     pub sequences_p90: Option<u64>,
     /// `used_fraction ≥ threshold_pct / 100`: the cache is near full.
     pub warning: Option<bool>,
@@ -289,7 +295,7 @@ pub fn headroom(
         threshold_pct,
         reason: None,
     };
-    let Some((cache, total)) = cache.and_then(|c| Some((c, c.num_gpu_blocks?))) else {
+    let Some((cache, total)) = cache.and_then(|c| Some((c, c.usable_blocks()?))) else {
         h.reason =
             Some("the KV cache's blocks are unknown (no scrape of cache_config_info)".into());
         return h;
@@ -340,7 +346,7 @@ impl super::engine::Meter {
             self.open_kv(cache.as_ref().and_then(|c| c.block_size));
         let server_blocks = cache
             .as_ref()
-            .and_then(|c| c.num_gpu_blocks)
+            .and_then(KvCache::usable_blocks)
             .zip(usage)
             .map(|(n, u)| u * n as f64);
         let estimate = KvEstimate {

@@ -3,11 +3,12 @@
 //! exposition does not carry it (older or newer vLLM releases, another server).
 
 use super::prom_text::PromText;
+use crate::exposition::vllm;
 
 /// vLLM's info gauge whose labels carry the cache configuration (value 1).
-pub const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
+pub const CACHE_CONFIG_INFO: &str = vllm::CACHE_CONFIG_INFO.name;
 /// vLLM's counter of preemptions (a running sequence evicted for want of a KV block).
-pub const NUM_PREEMPTIONS_TOTAL: &str = "vllm:num_preemptions_total";
+pub const NUM_PREEMPTIONS_TOTAL: &str = vllm::NUM_PREEMPTIONS_TOTAL.name;
 
 /// The KV-cache series kept per scrape.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -169,11 +169,12 @@ fn contexts_table_and_estimate_from_requests_beside_the_recorded_cache() {
     assert_eq!(kv.estimate.prompt_unknown, 1);
     assert_eq!(kv.estimate.tokens, 1028 + 129 + 5);
     assert_eq!(kv.estimate.blocks, Some(12));
-    assert_eq!(kv.estimate.server_blocks, Some(4096.0));
-    assert_eq!(kv.estimate.diff_blocks, Some(4096.0 - 12.0));
-    // Headroom: (8192 − 4096) free blocks / ceil(9000/128) blocks per p90 sequence.
-    assert_eq!(kv.headroom.used_blocks, Some(4096.0));
-    assert_eq!(kv.headroom.sequences_p90, Some(4096 / 71));
+    // vLLM's usage is over its 8191 usable blocks (one is its null block).
+    assert_eq!(kv.estimate.server_blocks, Some(4095.5));
+    assert_eq!(kv.estimate.diff_blocks, Some(4095.5 - 12.0));
+    // Headroom: floor(8191 − 4095.5) free blocks / ceil(9000/128) blocks per p90 sequence.
+    assert_eq!(kv.headroom.used_blocks, Some(4095.5));
+    assert_eq!(kv.headroom.sequences_p90, Some(4095 / 71));
     assert_eq!(kv.headroom.warning, Some(false));
 }
 
