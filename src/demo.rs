@@ -84,7 +84,12 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     let sim_listener = tokio::net::TcpListener::bind(&args.sim_listen)
         .await
         .with_context(|| format!("binding {}", args.sim_listen))?;
-    let sim = crate::sim::spawn(SimConfig::default(), sim_listener).await?;
+    // Cached prompt tokens reported in every API's usage, so the proxy's cache audit has them.
+    let sim_config = SimConfig {
+        enable_prompt_tokens_details: true,
+        ..SimConfig::default()
+    };
+    let sim = crate::sim::spawn(sim_config, sim_listener).await?;
     // Always a log: the summary ends with the `analyze` command to run on it.
     let log = args.access_log.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("tokenmeter-demo-{}.jsonl", std::process::id()))

@@ -18,6 +18,7 @@ use super::progress::{Progress, ProgressEvent};
 use super::prompts::prompt_for;
 use super::report::{AgentSpec, AgentsReport, Arrivals, ClientTick, RequestFigures};
 use super::result::RequestResult;
+use super::session::{Session, SessionsTally};
 
 /// Upper bound on requests started in one run.
 const MAX_STARTED: usize = 10_000_000;
@@ -30,6 +31,17 @@ pub fn prompt_of(seq: usize, words: u64) -> String {
         p.push_str(if w % 7 == 0 { " fn" } else { " code" });
     }
     p
+}
+
+/// Agent `i`'s instructions: the same in all its sessions (as a coding agent's system prompt),
+/// about 300 words.
+fn agent_instructions(i: usize) -> String {
+    let mut s =
+        format!("You are coding agent {i}. Work in the repository, use the tools, report briefly.");
+    for w in 0..300 {
+        s.push_str(if w % 5 == 0 { " rule" } else { " guide" });
+    }
+    s
 }
 
 /// The API of agent (or Poisson request) `i`: the spec's mix in turn, else the run's.
@@ -114,18 +126,59 @@ pub fn start_traffic(
                     // Agents start spread over one mean think time, not all in the same instant.
                     let first = rng.gen_range(0.0..=spec.think_ms.mean().max(1.0));
                     tokio::time::sleep(Duration::from_secs_f64(first / 1e3)).await;
+                    let system = agent_instructions(i);
+                    let device: String = (0..4)
+                        .map(|_| format!("{:016x}", rng.gen::<u64>()))
+                        .collect();
+                    // One session after another (turnover): each of some turns, each turn of
+                    // some calls, every call resending the conversation it extends.
                     loop {
-                        let seq = started_n.fetch_add(1, Ordering::Relaxed) as usize;
-                        if seq >= MAX_STARTED {
-                            return;
+                        let mut session =
+                            Session::new(api, system.clone(), device.clone(), &mut rng);
+                        let turns = spec.turns_per_session.sample(&mut rng).max(1);
+                        'session: for turn in 0..turns {
+                            let words = spec.prompt_words.sample(&mut rng);
+                            let seq = started_n.load(Ordering::Relaxed) as usize;
+                            // The first turn brings the long task; later ones a short follow-up.
+                            let ask = if turn == 0 {
+                                prompt_of(seq, words)
+                            } else {
+                                prompt_of(seq, words / 10)
+                            };
+                            session.user(ask, &mut rng);
+                            let calls = spec.calls_per_turn.sample(&mut rng).max(1);
+                            for call in 0..calls {
+                                if call > 0 {
+                                    let words = spec.prompt_words.sample(&mut rng) / 4;
+                                    session.tool_result(format!(
+                                        "Tool output:{}",
+                                        &prompt_of(seq, words)[..]
+                                    ));
+                                }
+                                let seq = started_n.fetch_add(1, Ordering::Relaxed) as usize;
+                                if seq >= MAX_STARTED {
+                                    return;
+                                }
+                                let chat = draw(&spec, &base, api, seq, &mut rng);
+                                in_flight.fetch_add(1, Ordering::Relaxed);
+                                let (mut r, heard) =
+                                    client.converse(seq, &chat, &session, &live).await;
+                                in_flight.fetch_sub(1, Ordering::Relaxed);
+                                r.session_id = Some(session.id.clone());
+                                r.session_api = Some(api.as_str());
+                                r.turn = Some(session.turns);
+                                r.cached_tokens = heard.cached_tokens;
+                                let ok = r.ok;
+                                let _ = tx.send(r);
+                                let think = spec.think_ms.sample(&mut rng);
+                                tokio::time::sleep(Duration::from_millis(think)).await;
+                                if !ok {
+                                    // A failed call ends its session; the agent starts anew.
+                                    break 'session;
+                                }
+                                session.assistant(heard.text);
+                            }
                         }
-                        let chat = draw(&spec, &base, api, seq, &mut rng);
-                        in_flight.fetch_add(1, Ordering::Relaxed);
-                        let r = client.chat(seq, &chat, &live).await;
-                        in_flight.fetch_sub(1, Ordering::Relaxed);
-                        let _ = tx.send(r);
-                        let think = spec.think_ms.sample(&mut rng);
-                        tokio::time::sleep(Duration::from_millis(think)).await;
                     }
                 });
             }
@@ -245,6 +298,7 @@ pub async fn run_agents(
         results.push(r);
     }
     let figures = RequestFigures::of(&results);
+    let sessions = SessionsTally::of(&results);
     AgentsReport {
         arrivals,
         spec,
@@ -255,6 +309,7 @@ pub async fn run_agents(
         skipped: traffic.skipped_n.load(Ordering::Relaxed) as usize,
         client_aggregate_tok_s: (wall_s > 0.0).then(|| figures.completion_tokens as f64 / wall_s),
         figures,
+        sessions,
         max_in_flight,
         ticks,
         results,

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::api::{self, Api};
 use super::event::error_text;
 use super::result::{finish, Partial, RequestResult};
+use super::session::{Heard, Session};
 use crate::dialect::KeyHeader;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -195,7 +196,7 @@ impl HttpClient {
         let start = Instant::now();
         let outcome = match req {
             Ok(req) => {
-                let fut = self.exchange(req, spec, start, &mut p, live_events);
+                let fut = self.exchange(req, spec, start, &mut p, live_events, None);
                 match tokio::time::timeout(self.timeout, fut).await {
                     Ok(r) => r,
                     Err(_) => Err(format!("timed out after {:?}", self.timeout)),
@@ -207,6 +208,40 @@ impl HttpClient {
         finish(slot, p, outcome, e2e)
     }
 
+    /// Sends the next call of `session` (its path, headers and whole conversation; `spec` gives
+    /// the model, limit and streaming) and times it like [`HttpClient::chat`]; also returns what
+    /// the answer said that the session needs (its text, the cached tokens it reported).
+    pub async fn converse(
+        &self,
+        slot: usize,
+        spec: &ChatSpec,
+        session: &Session,
+        live_events: &AtomicU64,
+    ) -> (RequestResult, Heard) {
+        let mut p = Partial::default();
+        let mut heard = Heard::default();
+        let body = session.body(&spec.model, spec.max_tokens, spec.stream, spec.ignore_eos);
+        let mut b = self
+            .request_as(http::Method::POST, &session.path(), spec.api)
+            .header(http::header::CONTENT_TYPE, "application/json");
+        for (k, v) in session.headers() {
+            b = b.header(k, v);
+        }
+        let start = Instant::now();
+        let outcome = match b.body(Full::new(Bytes::from(body))) {
+            Ok(req) => {
+                let fut = self.exchange(req, spec, start, &mut p, live_events, Some(&mut heard));
+                match tokio::time::timeout(self.timeout, fut).await {
+                    Ok(r) => r,
+                    Err(_) => Err(format!("timed out after {:?}", self.timeout)),
+                }
+            }
+            Err(e) => Err(format!("building request: {e}")),
+        };
+        let e2e = start.elapsed();
+        (finish(slot, p, outcome, e2e), heard)
+    }
+
     async fn exchange(
         &self,
         req: http::Request<Full<Bytes>>,
@@ -214,6 +249,7 @@ impl HttpClient {
         start: Instant,
         p: &mut Partial,
         live_events: &AtomicU64,
+        mut heard: Option<&mut Heard>,
     ) -> Result<(), String> {
         let resp = self.inner.request(req).await.map_err(|e| error_chain(&e))?;
         let status = resp.status();
@@ -235,6 +271,9 @@ impl HttpClient {
                 });
             }
             p.usage = api::body_usage(spec.api, &bytes);
+            if let Some(h) = heard {
+                *h = Heard::body(spec.api, &bytes);
+            }
             return Ok(());
         }
         p.sse = true;
@@ -251,6 +290,9 @@ impl HttpClient {
             ev.merge_into(&mut p.usage);
             if let Some(msg) = ev.error {
                 p.error.get_or_insert(msg);
+            }
+            if let Some(h) = heard.as_deref_mut() {
+                h.event(spec.api, data);
             }
         };
         while let Some(frame) = body.frame().await {

@@ -42,6 +42,7 @@ pub mod progress;
 pub mod prompts;
 pub mod report;
 pub mod result;
+pub mod session;
 pub mod stats;
 pub mod summary;
 pub mod sustained;
@@ -145,6 +146,12 @@ pub struct LoadArgs {
     /// Share of agent requests that stream, 0..1 (--no-stream: 0).
     #[arg(long, default_value_t = 1.0)]
     pub stream_share: f64,
+    /// Turns per session of an agent (`--agents`), then a new session: N, MIN..MAX or exp:MEAN.
+    #[arg(long, default_value = "1..4", value_parser = Dist::parse)]
+    pub turns_per_session: Dist,
+    /// Calls per turn (the first carries the user's message, each later one a tool result).
+    #[arg(long, default_value = "1..3", value_parser = Dist::parse)]
+    pub calls_per_turn: Dist,
     /// Seed of the agents' draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -340,6 +347,8 @@ impl TryFrom<LoadArgs> for LoadOptions {
             output_tokens,
             stream_share: if a.no_stream { 0.0 } else { a.stream_share },
             seed: a.seed,
+            turns_per_session: a.turns_per_session,
+            calls_per_turn: a.calls_per_turn,
         };
         let method = if let Some(agents) = a.agents {
             LoadMethod::Agents {

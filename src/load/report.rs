@@ -212,6 +212,10 @@ mod tests {
             content_events: 0,
             tok_s: ok.then(|| tokens as f64 / (e2e_ms / 1e3)),
             error: (!ok).then(|| "boom".into()),
+            session_id: None,
+            session_api: None,
+            turn: None,
+            cached_tokens: None,
         }
     }
 
@@ -275,6 +279,10 @@ pub struct AgentSpec {
     pub output_tokens: Dist,
     /// Share of requests that stream (the rest ask for one JSON answer).
     pub stream_share: f64,
+    /// Turns per session of an agent (`--agents`): after them the agent starts a new session.
+    pub turns_per_session: Dist,
+    /// Calls per turn: the first carries the user's message, each later one a tool result.
+    pub calls_per_turn: Dist,
     /// Seed of every draw, so a run can be repeated.
     pub seed: u64,
 }
@@ -290,6 +298,8 @@ impl Default for AgentSpec {
             prompt_words: Dist::Uniform { min: 10, max: 2000 },
             output_tokens: Dist::Uniform { min: 20, max: 300 },
             stream_share: 1.0,
+            turns_per_session: Dist::Uniform { min: 1, max: 4 },
+            calls_per_turn: Dist::Uniform { min: 1, max: 3 },
             seed: 1,
         }
     }
@@ -317,6 +327,9 @@ pub struct AgentsReport {
     pub figures: RequestFigures,
     /// `completion_tokens / wall_s` over requests completed ok before the deadline.
     pub client_aggregate_tok_s: Option<f64>,
+    /// Load's own truth of the sessions (`--agents`; empty with Poisson arrivals): sessions,
+    /// turns, calls, tokens in and out, cached tokens reported.
+    pub sessions: super::session::SessionsTally,
     /// Most requests in flight at once, as the client saw it.
     pub max_in_flight: usize,
     /// Client-side samples, one per progress interval.

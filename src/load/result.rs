@@ -48,6 +48,16 @@ pub struct RequestResult {
     pub tok_s: Option<f64>,
     /// Error message of a failed request (server's `error.message` when it sent one).
     pub error: Option<String>,
+    /// The session the call belongs to (`--agents`); null outside sessions.
+    pub session_id: Option<String>,
+    /// The API the session speaks; null outside sessions.
+    pub session_api: Option<&'static str>,
+    /// Its turn in the session, from 1; null outside sessions.
+    pub turn: Option<u32>,
+    /// Cached prompt tokens its usage reported (chat `prompt_tokens_details.cached_tokens`,
+    /// Responses `input_tokens_details.cached_tokens`, Messages `cache_read_input_tokens`);
+    /// null when the field was absent (unknown, not 0) or outside sessions.
+    pub cached_tokens: Option<u64>,
 }
 
 impl RequestResult {
@@ -65,6 +75,10 @@ impl RequestResult {
             content_events: 0,
             tok_s: None,
             error: Some(error),
+            session_id: None,
+            session_api: None,
+            turn: None,
+            cached_tokens: None,
         }
     }
 }
@@ -119,6 +133,10 @@ pub(super) fn finish(
         content_events: p.content_events,
         tok_s,
         error,
+        session_id: None,
+        session_api: None,
+        turn: None,
+        cached_tokens: None,
     }
 }
 

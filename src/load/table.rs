@@ -232,6 +232,16 @@ fn agents(out: &mut String, a: &AgentsReport, proxy: Option<&ProxyReport>) {
         ),
     ));
     rows.push(("Max in flight (client)", a.max_in_flight.to_string()));
+    let t = &a.sessions;
+    if t.sessions > 0 {
+        let cached = t
+            .cached_tokens
+            .map_or_else(|| "not reported".to_string(), |c| c.to_string());
+        rows.push((
+            "Sessions / turns / calls; cached tokens reported",
+            format!("{} / {} / {}; {cached}", t.sessions, t.turns, t.calls),
+        ));
+    }
     client_table(out, "Client figure", &rows, "agents", f);
     if let Some(p) = proxy {
         proxy_windows(out, p, a.client_aggregate_tok_s, a.max_in_flight);

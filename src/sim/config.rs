@@ -5,9 +5,9 @@ use serde::Deserialize;
 /// Everything the simulator needs to know; every field has a default, units are in the names.
 ///
 /// Timing model (continuous batching): a step lasts
-/// `step_base_ms + step_per_seq_ms × running_seqs` plus, when it admits new requests, their prompt
-/// tokens / `prefill_tok_s` seconds (plus `cold_start_ms` on the first admission after start or after
-/// an idle gap longer than `idle_reset_s`). Every running sequence gets one token at the end of each
+/// `step_base_ms + step_per_seq_ms × running_seqs` plus, when it admits new requests, their
+/// prompt tokens not found in the prefix cache / `prefill_tok_s` seconds (plus `cold_start_ms` on
+/// the first admission after start or after an idle gap longer than `idle_reset_s`). Every running sequence gets one token at the end of each
 /// step; a newly admitted request gets its first token at the end of its prefill step.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]

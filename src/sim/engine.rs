@@ -248,10 +248,8 @@ impl<S: Sink> Engine<S> {
         let mut prefill_tokens = 0u64;
         let mut admitted_any = false;
         let max = u64::from(self.cfg.max_num_seqs);
-        while preempted == 0 {
-            let Some(front) = self.waiting.front() else {
-                break;
-            };
+        // No admission in a step that preempted (vLLM's scheduler does the same).
+        while let Some(front) = self.waiting.front().filter(|_| preempted == 0) {
             // A request wider than the whole batch runs alone rather than blocking the queue forever.
             if self.running_seqs + u64::from(front.live_seqs) > max && self.running_seqs > 0 {
                 break;

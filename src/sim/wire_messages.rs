@@ -40,7 +40,7 @@ pub const MESSAGES: SimApi = SimApi {
     writer,
     full_response: |req, a, choices, t| {
         let cached = cache_read(a.prompt_tokens_details, t.map_or(0, |t| t.cached_tokens));
-        full_response(req, a.model, &choices[0], &cached)
+        full_response(req, a.model, &choices[0], cached)
     },
     error: to_anthropic,
 };
@@ -51,15 +51,29 @@ fn writer(req: &GenRequest, a: &Answering<'_>) -> Box<dyn EventWrite> {
     Box::new(w)
 }
 
-/// The usage member reporting cached prompt tokens, with its leading comma: vLLM's Messages
-/// answers are its chat answers converted, so it is there only where chat's
-/// `prompt_tokens_details` is (the switch on, some tokens cached).
-fn cache_read(on: bool, cached_tokens: u64) -> String {
-    if on && cached_tokens > 0 {
-        format!(",\"cache_read_input_tokens\":{cached_tokens}")
+/// The cached prompt tokens a Messages answer reports: vLLM's Messages answers are its chat
+/// answers converted, so only where chat's `prompt_tokens_details` is (the switch on, some
+/// tokens cached); 0 when not reported.
+fn cache_read(on: bool, cached_tokens: u64) -> u64 {
+    if on {
+        cached_tokens
     } else {
-        String::new()
+        0
     }
+}
+
+/// `input_tokens` and the `cache_read_input_tokens` member (with its leading comma) of a usage
+/// object: in Anthropic's sense `input_tokens` leaves the cached part out, so the prompt is
+/// their sum.
+fn input_usage(prompt_tokens: u64, cached: u64) -> (u64, String) {
+    if cached == 0 {
+        return (prompt_tokens, String::new());
+    }
+    let cached = cached.min(prompt_tokens);
+    (
+        prompt_tokens - cached,
+        format!(",\"cache_read_input_tokens\":{cached}"),
+    )
 }
 
 /// Anthropic's `stop_reason` for how a sequence ended.
@@ -151,12 +165,14 @@ impl MessagesWriter {
             "content_block_stop",
             "{\"type\":\"content_block_stop\",\"index\":0}",
         ));
-        let json = format!(
-            "{{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{}\",\"stop_sequence\":null}},\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}{}}}}}",
-            stop_reason(self.finish, self.tool.is_some()),
+        let (input, read) = input_usage(
             self.prompt_tokens,
+            cache_read(self.prompt_tokens_details, cached_tokens),
+        );
+        let json = format!(
+            "{{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{}\",\"stop_sequence\":null}},\"usage\":{{\"input_tokens\":{input},\"output_tokens\":{}{read}}}}}",
+            stop_reason(self.finish, self.tool.is_some()),
             self.tokens,
-            cache_read(self.prompt_tokens_details, cached_tokens)
         );
         out.push_back(typed_event("message_delta", &json));
         out.push_back(typed_event("message_stop", "{\"type\":\"message_stop\"}"));
@@ -175,7 +191,8 @@ impl EventWrite for MessagesWriter {
 }
 
 /// The non-streamed Messages answer.
-pub fn full_response(req: &GenRequest, model: &str, out: &ChoiceOut, cache_read: &str) -> String {
+pub fn full_response(req: &GenRequest, model: &str, out: &ChoiceOut, cached: u64) -> String {
+    let (input, read) = input_usage(req.prompt_tokens, cached);
     let content = match &req.tool {
         Some(t) => {
             let input: serde_json::Value = serde_json::from_str(&t.arguments(out.tokens))
@@ -192,11 +209,10 @@ pub fn full_response(req: &GenRequest, model: &str, out: &ChoiceOut, cache_read:
         ),
     };
     format!(
-        "{{\"id\":\"{}\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[{content}],\"model\":{},\"stop_reason\":\"{}\",\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}{cache_read}}}}}",
+        "{{\"id\":\"{}\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[{content}],\"model\":{},\"stop_reason\":\"{}\",\"usage\":{{\"input_tokens\":{input},\"output_tokens\":{}{read}}}}}",
         prefixed("chatcmpl-"),
         json_str(model),
         stop_reason(out.finish, req.tool.is_some()),
-        req.prompt_tokens,
         out.tokens
     )
 }

@@ -665,5 +665,6 @@ pub fn busy_agents() -> tokenmeter::load::AgentSpec {
         output_tokens: Dist::Uniform { min: 100, max: 600 },
         stream_share: 1.0,
         seed: 14,
+        ..tokenmeter::load::AgentSpec::default()
     }
 }

@@ -10,5 +10,6 @@ mod load_api;
 mod load_burst;
 mod load_cli;
 mod load_fixtures;
+mod load_sessions;
 mod load_sim;
 mod load_sustained;

@@ -275,7 +275,7 @@ async fn a_kv_starved_sim_queues_and_preempts_and_its_truth_agrees_with_metrics(
             .sum();
         assert_eq!(blocks, truth["blocks_held"].as_u64().unwrap(), "{truth}");
         assert!(truth["blocks_in_use"].as_u64() <= Some(40), "{truth}");
-        if tasks.iter().all(|t| t.is_finished()) {
+        if tasks.iter().all(tokio::task::JoinHandle::is_finished) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
