@@ -93,6 +93,7 @@ pub fn build(
         &pass2.level_sums,
     );
     let users = users(&p);
+    let kv = super::kv::analyze_kv(&p, service_level.capacity.in_flight);
     let apis = apis(&p);
     let cold_starts = ColdStarts {
         count: p.cold_start_count,
@@ -122,6 +123,7 @@ pub fn build(
         apis,
         cold_starts,
         crosscheck,
+        kv,
         upstreams: Vec::new(),
     }
 }
@@ -394,6 +396,11 @@ fn users(p: &Pass1) -> Vec<UserRow> {
                 ttft_p50_ms: u.ttft_ms.percentile(0.5),
                 ttft_p90_ms: u.ttft_ms.percentile(0.9),
                 share_pct: (total > 0).then(|| 100.0 * u.completion_tokens as f64 / total as f64),
+                contexts: {
+                    let mut v = u.contexts.clone();
+                    let max = v.iter().copied().max();
+                    crate::meter::kv::ContextView::of(&mut v, max)
+                },
             }
         })
         .collect();

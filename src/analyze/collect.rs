@@ -62,6 +62,8 @@ pub struct UserAcc {
     pub tok_s: RateStats,
     /// TTFT of generation requests (cold starts included: it is what the user saw).
     pub ttft_ms: LogHistogram,
+    /// Contexts (prompt + completion tokens) of generation requests that reported both.
+    pub contexts: Vec<u64>,
 }
 
 /// Totals of one generation API.
@@ -233,6 +235,9 @@ impl Pass1 {
         }
         user.generation_requests += 1;
         user.completion_tokens += r.completion_tokens.unwrap_or(0);
+        if let (Some(p), Some(c)) = (r.prompt_tokens, r.completion_tokens) {
+            user.contexts.push(p + c);
+        }
         if let Some(v) = r.tok_s {
             user.tok_s.add(v);
         }
@@ -560,6 +565,8 @@ impl Pass1 {
             mine.completion_tokens += u.completion_tokens;
             mine.tok_s.merge(&u.tok_s);
             mine.ttft_ms.merge(&u.ttft_ms);
+            let mut contexts = u.contexts;
+            mine.contexts.append(&mut contexts);
         }
         for (api, a) in &other.apis {
             self.apis.entry(*api).or_default().merge(a);

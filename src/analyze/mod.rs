@@ -15,6 +15,7 @@ mod drive;
 pub mod filter;
 pub mod html;
 pub mod input;
+pub mod kv;
 pub mod parse;
 pub mod report;
 mod service_table;

@@ -46,6 +46,8 @@ pub struct Report {
     /// The proxy beside vLLM's own count (from `server_sample` lines); `null` when the logs hold
     /// none, or when a user or model filter makes the proxy side a subset of the server's.
     pub crosscheck: Option<CrossCheck>,
+    /// KV-cache figures from the log's requests and `server_sample` lines (`docs/kv-cache.md`).
+    pub kv: super::kv::AnalyzeKv,
     /// One capacity curve per upstream replica when the lines name more than one (each rebuilt
     /// from that replica's records alone, so N is its own concurrency); empty otherwise.
     pub upstreams: Vec<UpstreamCapacity>,
@@ -293,6 +295,9 @@ pub struct UserRow {
     pub ttft_p90_ms: Option<f64>,
     /// Percentage of all generated (completion) tokens; `null` when nothing was generated.
     pub share_pct: Option<f64>,
+    /// Contexts (prompt + completion tokens) of its generation requests; `max` is the largest
+    /// context it reached.
+    pub contexts: crate::meter::kv::ContextView,
 }
 
 /// One generation API.

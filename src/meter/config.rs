@@ -33,6 +33,11 @@ pub struct MeterConfig {
     pub capacity_guard_max_ms: u64,
     /// Guard added after a newcomer's first token and after each departure, milliseconds.
     pub capacity_guard_extra_ms: u64,
+    /// The KV-cache headroom warns when the blocks in use reach this percentage of the cache.
+    pub kv_headroom_threshold_pct: u32,
+    /// The upstream's `--max-num-seqs`, when known: vLLM does not export it, so it is told here
+    /// (unset: `null` in the live table).
+    pub max_num_seqs: Option<u32>,
     /// The service level the capacity headline is read against: the config's `[slo]` table,
     /// copied here by the composition root (not a key of `[meter]`).
     #[serde(skip)]
@@ -52,6 +57,8 @@ impl Default for MeterConfig {
             capacity_min_s: 10,
             capacity_guard_max_ms: 1000,
             capacity_guard_extra_ms: 0,
+            kv_headroom_threshold_pct: 90,
+            max_num_seqs: None,
             slo: crate::slo::SloConfig::default(),
         }
     }
@@ -92,6 +99,15 @@ impl MeterConfig {
         }
         if self.user_idle_expiry_s == 0 {
             return Err("meter.user_idle_expiry_s must be at least 1".into());
+        }
+        if !(1..=100).contains(&self.kv_headroom_threshold_pct) {
+            return Err(format!(
+                "meter.kv_headroom_threshold_pct must be 1..=100, got {}",
+                self.kv_headroom_threshold_pct
+            ));
+        }
+        if self.max_num_seqs == Some(0) {
+            return Err("meter.max_num_seqs must be at least 1 (or unset)".into());
         }
         Ok(())
     }

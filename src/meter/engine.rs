@@ -59,6 +59,9 @@ pub struct Meter {
     pub(super) prom: PromState,
     /// Scrape samples of the upstream, when the cross-check is on.
     pub(super) server: Option<ServerTrack>,
+    /// The last scrape's KV-cache series and usage fraction, whether or not the cross-check
+    /// keeps samples.
+    pub(super) last_kv: Option<(crate::scrape::KvValues, Option<f64>)>,
 }
 
 /// Hashes request ids with one multiplication. The ids are the proxy's own counters, chosen by
@@ -117,12 +120,29 @@ impl Meter {
             finalized_to: origin_sec,
             last_tick_sec: origin_sec,
             server: None,
+            last_kv: None,
         }
     }
 
     /// The (clamped) settings in use.
     pub fn config(&self) -> &MeterConfig {
         &self.config
+    }
+
+    /// The in-flight requests' tokens held in the KV cache (prompt when known, plus generated so
+    /// far): `(tokens, blocks by ceil per request with block_size, requests, prompt unknown)`.
+    pub(super) fn open_kv(&self, block_size: Option<u64>) -> (u64, Option<u64>, u64, u64) {
+        let (mut tokens, mut blocks, mut unknown) = (0u64, 0u64, 0u64);
+        for o in self.open.values() {
+            let held = o.prompt_live + o.attributed.round() as u64;
+            tokens += held;
+            unknown += (o.prompt_live == 0) as u64;
+            if let Some(bs) = block_size {
+                blocks += held.div_ceil(bs);
+            }
+        }
+        let n = self.open.len() as u64;
+        (tokens, block_size.map(|_| blocks), n, unknown)
     }
 
     /// Requests in flight now.
@@ -227,6 +247,7 @@ impl Meter {
 
     /// Keeps a scrape sample for the windows (ignored while the cross-check is off).
     pub fn server_sample(&mut self, sample: ServerSample) {
+        self.last_kv = Some((sample.values.kv.clone(), sample.values.kv_cache_usage));
         if let Some(t) = &mut self.server {
             t.push(sample);
         }

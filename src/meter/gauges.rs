@@ -17,15 +17,80 @@ pub struct Gauge {
 }
 
 /// The meter's gauges, in the order they are written (after its counters and histograms).
-pub const GAUGES: [Gauge; 1] = [Gauge {
-    metric: Metric::gauge(
-        "tokenmeter_requests_in_flight",
-        "Generation requests in flight now.",
-        Unit::Count("{request}"),
-        &[],
-    ),
-    read: |m, _| Some(m.in_flight().into()),
-}];
+pub const GAUGES: [Gauge; 8] = [
+    Gauge {
+        metric: Metric::gauge(
+            "tokenmeter_requests_in_flight",
+            "Generation requests in flight now.",
+            Unit::Count("{request}"),
+            &[],
+        ),
+        read: |m, _| Some(m.in_flight().into()),
+    },
+    Gauge {
+        metric: Metric::gauge(
+            "tokenmeter_kv_sequences_fit_p50_context",
+            "Sequences of the horizon's p50 context (prompt + completion) vLLM's KV cache holds at once.",
+            Unit::Count("{sequence}"),
+            &[],
+        ),
+        read: |m, _| Some(m.kv_view(None).table.first()?.kv_sequences?.into()),
+    },
+    Gauge {
+        metric: Metric::gauge(
+            "tokenmeter_kv_sequences_fit_p90_context",
+            "Sequences of the horizon's p90 context (prompt + completion) vLLM's KV cache holds at once.",
+            Unit::Count("{sequence}"),
+            &[],
+        ),
+        read: |m, _| Some(m.kv_view(None).table.get(1)?.kv_sequences?.into()),
+    },
+    Gauge {
+        metric: Metric::gauge(
+            "tokenmeter_kv_sequences_fit_p99_context",
+            "Sequences of the horizon's p99 context (prompt + completion) vLLM's KV cache holds at once.",
+            Unit::Count("{sequence}"),
+            &[],
+        ),
+        read: |m, _| Some(m.kv_view(None).table.get(2)?.kv_sequences?.into()),
+    },
+    Gauge {
+        metric: Metric::gauge(
+            "tokenmeter_kv_blocks_estimate",
+            "KV-cache blocks the proxy's in-flight requests hold: sum of ceil((prompt + generated so far) / block_size).",
+            Unit::Count("{block}"),
+            &[],
+        ),
+        read: |m, _| Some(m.kv_view(None).estimate.blocks?.into()),
+    },
+    Gauge {
+        metric: Metric::gauge(
+            "tokenmeter_kv_blocks_server",
+            "KV-cache blocks in use by vLLM's count: kv_cache_usage_perc x (num_gpu_blocks - 1) of the last scrape.",
+            Unit::Count("{block}"),
+            &[],
+        ),
+        read: |m, _| Some(m.kv_view(None).estimate.server_blocks?.into()),
+    },
+    Gauge {
+        metric: Metric::gauge(
+            "tokenmeter_kv_headroom_sequences",
+            "More sequences of the horizon's p90 context that fit in the KV cache's free blocks now.",
+            Unit::Count("{sequence}"),
+            &[],
+        ),
+        read: |m, _| Some(m.kv_view(None).headroom.sequences_p90?.into()),
+    },
+    Gauge {
+        metric: Metric::gauge(
+            "tokenmeter_saturation_state",
+            "vLLM's state over the shortest window: 0 ok, 1 queueing (requests waiting in a sustained share of scrapes), 2 preempting.",
+            Unit::Count("{state}"),
+            &[],
+        ),
+        read: |m, now| Some(u64::from(m.saturation_now(now)?.level()).into()),
+    },
+];
 
 /// Appends every gauge's header and value at `now`.
 pub fn render(out: &mut String, meter: &mut Meter, now: UnixNanos) {

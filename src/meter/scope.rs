@@ -74,6 +74,8 @@ pub struct Scope {
     pub totals: Totals,
     /// Time of the last start or finish in this scope.
     pub last_event_ns: UnixNanos,
+    /// Contexts of its finished requests within the horizon.
+    pub contexts: super::kv::ContextSizes,
 }
 
 impl Scope {
@@ -110,6 +112,7 @@ impl Scope {
     pub fn evict_before(&mut self, min_sec: u64) {
         self.ring.evict_before(min_sec);
         self.level_time.evict_before(min_sec);
+        self.contexts.evict_before(min_sec);
     }
 
     /// A request started at `now`.
@@ -165,6 +168,7 @@ impl Scope {
         t.prompt_tokens += record.prompt_tokens.unwrap_or(0);
         t.completion_tokens += record.completion_tokens.unwrap_or(0);
         t.cold_starts += record.cold_start as u64;
+        self.contexts.add(now, record);
         self.last_event_ns = self.last_event_ns.max(now);
     }
 }

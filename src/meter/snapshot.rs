@@ -73,6 +73,8 @@ pub struct ScopeView {
     pub in_flight: u32,
     /// Seconds since its last start or finish; 0 while it has requests in flight.
     pub idle_s: f64,
+    /// Contexts of its requests that finished within the horizon, and the largest it reached.
+    pub contexts: super::kv::ContextView,
 }
 
 /// The access-log writer's counters at snapshot time.
@@ -128,6 +130,9 @@ pub struct StatsSnapshot {
     /// Capacity at the service level (`[slo]`): the headline, attainment and goodput per level
     /// of the production-traffic curve, and the fitted decode-step model.
     pub service_level: super::service_level::ServiceLevelView,
+    /// KV-cache figures: contexts, the live table, the live estimate and the headroom
+    /// (`docs/kv-cache.md`).
+    pub kv: super::kv::KvView,
     /// Access-log counters (filled by the caller).
     pub access_log: AccessLogView,
     /// The scraper of the upstream's `/metrics` (filled by the caller); `null` when scraping

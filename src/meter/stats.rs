@@ -6,6 +6,7 @@ use crate::clock::{UnixNanos, NANOS_PER_SEC};
 
 use super::engine::Meter;
 use super::levels::production_rows;
+use super::saturation::saturation;
 use super::scope::Scope;
 use super::service_level::service_level_view;
 use super::snapshot::{
@@ -45,8 +46,10 @@ impl Meter {
             let ws = windows
                 .iter()
                 .map(|(name, len)| {
-                    let w =
+                    let mut w =
                         window_stats(&s.ring, &s.level_time, now_sec, *len, earliest, tolerance);
+                    let from = now_sec.saturating_sub(w.seconds) * NANOS_PER_SEC;
+                    w.context_tokens = s.contexts.view(from, now_sec * NANOS_PER_SEC);
                     (name.clone(), w)
                 })
                 .collect();
@@ -56,6 +59,7 @@ impl Meter {
                 now.saturating_sub(s.last_event_ns) as f64 / NANOS_PER_SEC as f64
             };
             ScopeView {
+                contexts: s.contexts.view(0, UnixNanos::MAX),
                 totals: s.totals,
                 windows: Windows(ws),
                 in_flight: s.in_flight.level(),
@@ -66,7 +70,13 @@ impl Meter {
         if let Some(track) = &self.server {
             for (_, w) in agg.windows.0.iter_mut() {
                 let from = now_sec.saturating_sub(w.seconds) * NANOS_PER_SEC;
-                w.server = Some(track.window(from, now_sec * NANOS_PER_SEC, &self.aggregate.ring));
+                let to = now_sec * NANOS_PER_SEC;
+                w.server = Some(track.window(from, to, &self.aggregate.ring));
+                let before = track.samples().take_while(|s| s.ts_ns < from).last();
+                w.saturation = Some(saturation(
+                    before,
+                    track.samples().filter(|s| (from..to).contains(&s.ts_ns)),
+                ));
             }
         }
         let users: BTreeMap<String, ScopeView> = self
@@ -80,6 +90,10 @@ impl Meter {
             .iter_mut()
             .map(|(k, s)| (k.to_string(), view(s)))
             .collect();
+        self.levels.advance(now);
+        let service_level =
+            service_level_view(&self.config.slo, &self.verdicts, self.levels.sums());
+        let kv = self.kv_view(service_level.capacity.in_flight);
         Ok(StatsSnapshot {
             schema: STATS_SCHEMA,
             uptime_s: now.saturating_sub(self.origin) as f64 / NANOS_PER_SEC as f64,
@@ -98,7 +112,8 @@ impl Meter {
                     cap.request_figures(n)
                 })
             },
-            service_level: service_level_view(&self.config.slo, &self.verdicts, self.levels.sums()),
+            service_level,
+            kv,
             access_log: AccessLogView::default(),
             server_scrape: None,
             upstreams: Vec::new(),

@@ -75,6 +75,11 @@ pub struct WindowStats {
     /// vLLM's own counts over the window beside the proxy's (aggregate windows, when the
     /// cross-check is on; `null` otherwise). See [`crate::scrape::ServerWindow`].
     pub server: Option<crate::scrape::ServerWindow>,
+    /// Contexts (prompt + completion tokens) of requests that finished in the window.
+    pub context_tokens: super::kv::ContextView,
+    /// Whether vLLM queued or preempted in the window (aggregate windows, when the cross-check
+    /// is on; `null` otherwise). See [`super::saturation::SaturationWindow`].
+    pub saturation: Option<super::saturation::SaturationWindow>,
 }
 
 /// Computes the window `[to - len, to)` of `ring` and `levels`, clipped to seconds `>= earliest`;
@@ -112,6 +117,8 @@ pub fn window_stats(
             e2e_ms: Percentiles::of(&Default::default()),
             itl_ms: Percentiles::of(&Default::default()),
             server: None,
+            context_tokens: Default::default(),
+            saturation: None,
         };
     }
     let (mut gen, mut prompt, mut area) = (0.0, 0.0, 0.0);
@@ -182,5 +189,7 @@ pub fn window_stats(
         e2e_ms: Percentiles::of(&fin.e2e_ms),
         itl_ms: Percentiles::of(&fin.itl_ms),
         server: None,
+        context_tokens: Default::default(),
+        saturation: None,
     }
 }

@@ -3,11 +3,13 @@
 //! access log (`server_sample` lines) and in `analyze`.
 
 pub mod crosscheck;
+pub mod kv_values;
 pub mod prom_text;
 pub mod sample;
 pub mod scraper;
 
 pub use crosscheck::{ServerTrack, ServerWindow};
+pub use kv_values::KvValues;
 pub use prom_text::{HistogramValues, VllmValues};
 pub use sample::{ServerSample, SERVER_SAMPLE_SCHEMA};
 pub use scraper::{spawn_scraper, SampleSink, ScrapeConfig, ScrapeCounters, ScrapeStatus};

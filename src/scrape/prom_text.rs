@@ -152,6 +152,8 @@ pub struct VllmValues {
     pub kv_cache_usage: Option<f64>,
     /// `vllm:time_to_first_token_seconds` (histogram).
     pub ttft: Option<HistogramValues>,
+    /// The KV cache's size and the preemption counter.
+    pub kv: super::kv_values::KvValues,
 }
 
 /// Name of the KV-cache gauge, and the deprecated name read when it is absent.
@@ -220,6 +222,7 @@ pub fn extract(text: &PromText) -> VllmValues {
         prompt_tokens_total: sum_of(text, vllm::PROMPT_TOKENS_TOTAL.name),
         kv_cache_usage: KV_CACHE_NAMES.iter().find_map(|n| mean_of(text, n)),
         ttft: histogram_of(text, vllm::TIME_TO_FIRST_TOKEN_SECONDS.name),
+        kv: super::kv_values::extract_kv(text),
     }
 }
 

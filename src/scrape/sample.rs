@@ -42,6 +42,11 @@ impl ServerSample {
             "ttft_count": ttft.map(|h| h.count),
             "ttft_sum_s": ttft.map(|h| h.sum),
             "ttft_buckets": ttft.map(|h| h.buckets.iter().map(|(le, c)| [*le, *c]).collect::<Vec<_>>()),
+            "num_gpu_blocks": v.kv.num_gpu_blocks,
+            "block_size": v.kv.block_size,
+            "kv_cache_size_tokens": v.kv.kv_cache_size_tokens,
+            "enable_prefix_caching": v.kv.enable_prefix_caching,
+            "preemptions_total": v.kv.preemptions_total,
             "proxy_in_flight": self.proxy_in_flight,
             "scrape_ms": self.scrape_ms,
         });
@@ -83,6 +88,17 @@ impl ServerSample {
                 prompt_tokens_total: num("prompt_tokens_total"),
                 kv_cache_usage: num("kv_cache_usage"),
                 ttft,
+                kv: super::KvValues {
+                    num_gpu_blocks: v.get("num_gpu_blocks").and_then(serde_json::Value::as_u64),
+                    block_size: v.get("block_size").and_then(serde_json::Value::as_u64),
+                    kv_cache_size_tokens: v
+                        .get("kv_cache_size_tokens")
+                        .and_then(serde_json::Value::as_u64),
+                    enable_prefix_caching: v
+                        .get("enable_prefix_caching")
+                        .and_then(serde_json::Value::as_bool),
+                    preemptions_total: num("preemptions_total"),
+                },
             },
             proxy_in_flight: v.get("proxy_in_flight").and_then(serde_json::Value::as_u64),
             scrape_ms: num("scrape_ms").unwrap_or(0.0),

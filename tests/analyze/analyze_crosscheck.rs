@@ -29,6 +29,7 @@ fn log(with_samples: bool) -> Vec<u8> {
                     prompt_tokens_total: Some(0.0),
                     kv_cache_usage: None,
                     ttft: None,
+                    ..Default::default()
                 },
                 proxy_in_flight: None,
                 scrape_ms: 1.0,

@@ -16,6 +16,7 @@ mod common;
 mod analyze_crosscheck;
 mod analyze_e2e;
 mod analyze_input;
+mod analyze_kv;
 mod analyze_output;
 mod analyze_report;
 mod analyze_timing;

@@ -123,6 +123,19 @@ const PROXY: &str = "
     tokenmeter_upstream_scrapes_total counter -
 ";
 
+/// The KV-cache and saturation gauges: exposed once a scrape gave the upstream's
+/// `cache_config_info` and a window holds a scrape (pinned by
+/// `kv_and_saturation_gauges_are_pinned`, left out of the simulator run's comparison).
+const KV: &str = "
+    tokenmeter_kv_blocks_estimate gauge -
+    tokenmeter_kv_blocks_server gauge -
+    tokenmeter_kv_headroom_sequences gauge -
+    tokenmeter_kv_sequences_fit_p50_context gauge -
+    tokenmeter_kv_sequences_fit_p90_context gauge -
+    tokenmeter_kv_sequences_fit_p99_context gauge -
+    tokenmeter_saturation_state gauge -
+";
+
 /// The simulator's series: vLLM's names and labels.
 const SIM: &str = "
     vllm:cache_config_info gauge _block_size_resolved,block_size,cache_dtype,cache_hit_alignment_tokens,effective_attention_block_size,enable_mamba_shared_prefix_checkpoint,enable_prefix_caching,engine,gpu_memory_utilization,hash_block_size,is_attention_free,kv_cache_dtype_skip_layers,kv_cache_layout,kv_cache_max_concurrency,kv_cache_memory_bytes,kv_cache_size_tokens,kv_offloading_backend,kv_offloading_size,kv_sharing_fast_prefill,mamba_block_size,mamba_cache_dtype,mamba_cache_mode,mamba_page_size_padded,mamba_ssm_cache_dtype,num_cpu_blocks,num_gpu_blocks,num_gpu_blocks_override,prefix_cache_retention_interval,prefix_caching_hash_algo,prefix_match_unit,replayssm_buffer_len,skip_page_size_padded,sliding_window,swa_bounded_replay,use_kda_recoverssm,use_replayssm,user_specified_block_size
@@ -188,7 +201,8 @@ async fn exposed_names_types_and_labels_are_pinned() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let found = catalog(&text);
+    let kv = lines(KV);
+    let found: BTreeSet<String> = catalog(&text).difference(&kv).cloned().collect();
     let want = lines(PROXY);
     assert_eq!(
         found.difference(&want).collect::<Vec<_>>(),
@@ -248,4 +262,33 @@ fn each_exposed_name_is_declared_once_in_the_source() {
             .collect();
         assert_eq!(at.len(), 1, "{name} is spelled as a literal in {at:?}");
     }
+}
+
+#[test]
+fn kv_and_saturation_gauges_are_pinned() {
+    use tokenmeter::meter::{Meter, MeterConfig};
+    use tokenmeter::scrape::prom_text::{extract, parse};
+    use tokenmeter::scrape::ServerSample;
+    let t0 = 1_800_000_000 * tokenmeter::clock::NANOS_PER_SEC;
+    let s = tokenmeter::clock::NANOS_PER_SEC;
+    let mut m = Meter::new(MeterConfig::default(), t0);
+    m.enable_server(10.0);
+    let values = extract(&parse(include_str!(
+        "../fixtures/vllm/agents/metrics_after.txt"
+    )));
+    m.request_started(t0, 1, "u", Some("m"));
+    let mut r = crate::meter_support::record(t0, 500.0, Some(100.0), Some(10), Some(90), true);
+    r.request_id = "tm-0-1".into();
+    m.request_finished(t0 + s / 2, &r);
+    m.server_sample(ServerSample {
+        ts_ns: t0 + s,
+        values,
+        proxy_in_flight: None,
+        scrape_ms: 1.0,
+    });
+    let found: BTreeSet<String> = catalog(&m.prometheus(t0 + 2 * s))
+        .into_iter()
+        .filter(|l| l.starts_with("tokenmeter_kv_") || l.starts_with("tokenmeter_saturation"))
+        .collect();
+    assert_eq!(found, lines(KV));
 }

@@ -14,6 +14,8 @@ mod meter_support;
 mod exposition_names;
 mod meter_coalescing;
 mod meter_http;
+mod meter_kv;
+mod meter_kv_sim;
 mod meter_levels;
 mod meter_live;
 mod meter_prometheus;

@@ -9,4 +9,5 @@
 mod monitoring_support;
 
 mod dashboard_browser;
+mod monitoring_alerts;
 mod monitoring_prometheus;

@@ -33,7 +33,7 @@ fn enc(s: &str) -> String {
 }
 
 /// A Prometheus API call; the `data` of a successful answer.
-async fn api(prom: SocketAddr, path_and_query: &str) -> Value {
+pub(crate) async fn api(prom: SocketAddr, path_and_query: &str) -> Value {
     let (status, body) = get(prom, path_and_query).await;
     let v: Value =
         serde_json::from_str(&body).unwrap_or_else(|_| panic!("{path_and_query}: {status} {body}"));
@@ -42,7 +42,7 @@ async fn api(prom: SocketAddr, path_and_query: &str) -> Value {
 }
 
 /// The instant vector of `expr` at Unix time `t`.
-async fn query(prom: SocketAddr, expr: &str, t: f64) -> Vec<Value> {
+pub(crate) async fn query(prom: SocketAddr, expr: &str, t: f64) -> Vec<Value> {
     let d = api(
         prom,
         &format!("/api/v1/query?query={}&time={t:.3}", enc(expr)),
@@ -58,7 +58,7 @@ async fn value(prom: SocketAddr, expr: &str, t: f64) -> f64 {
     r[0]["value"][1].as_str().unwrap().parse().unwrap()
 }
 
-fn unix_now() -> f64 {
+pub(crate) fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -67,9 +67,25 @@ fn unix_now() -> f64 {
 
 /// Starts Prometheus scraping `targets` (job name, address) every second.
 fn start_prometheus(dir: &Scratch, targets: &[(&str, SocketAddr)]) -> (KillOnDrop, SocketAddr) {
+    start_prometheus_with_rules(dir, targets, None)
+}
+
+/// As [`start_prometheus`], evaluating the rule file `rules` (copied beside its config) every
+/// second.
+pub(crate) fn start_prometheus_with_rules(
+    dir: &Scratch,
+    targets: &[(&str, SocketAddr)],
+    rules: Option<&std::path::Path>,
+) -> (KillOnDrop, SocketAddr) {
     let mut cfg = String::from(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\nscrape_configs:\n",
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\n",
     );
+    if let Some(r) = rules {
+        let copy = dir.0.join("rules.yml");
+        std::fs::copy(r, &copy).unwrap();
+        cfg.push_str(&format!("rule_files:\n  - {}\n", copy.display()));
+    }
+    cfg.push_str("scrape_configs:\n");
     for (job, addr) in targets {
         cfg.push_str(&format!(
             "  - job_name: {job}\n    metrics_path: /metrics\n    static_configs:\n      - targets: ['{addr}']\n"

@@ -31,16 +31,17 @@ impl Rig {
     /// Starts the simulator (requests run to `max_tokens`) and the proxy, with the cross-check
     /// scraping the simulator every second and the `user` label on the counters.
     pub async fn start() -> Rig {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let sim = tokenmeter::sim::spawn(
-            SimConfig {
-                stop_probability_per_token: 0.0,
-                ..Default::default()
-            },
-            listener,
-        )
+        Rig::start_with(SimConfig {
+            stop_probability_per_token: 0.0,
+            ..Default::default()
+        })
         .await
-        .unwrap();
+    }
+
+    /// As [`Rig::start`], the simulator configured by `sim_config`.
+    pub async fn start_with(sim_config: SimConfig) -> Rig {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sim = tokenmeter::sim::spawn(sim_config, listener).await.unwrap();
         let mut config = tokenmeter::config::ServeConfig {
             listen: "127.0.0.1:0".into(),
             upstream: format!("http://{}", sim.addr()),

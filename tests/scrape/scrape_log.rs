@@ -23,6 +23,7 @@ fn sample(ts_ns: u64, gen: f64, in_flight: u64) -> ServerSample {
             prompt_tokens_total: Some(10.0),
             kv_cache_usage: Some(0.1),
             ttft: None,
+            ..Default::default()
         },
         proxy_in_flight: Some(in_flight),
         scrape_ms: 2.0,

@@ -23,6 +23,7 @@ fn sample(ts_ns: u64, gen: f64) -> ServerSample {
             prompt_tokens_total: Some(0.0),
             kv_cache_usage: None,
             ttft: None,
+            ..Default::default()
         },
         proxy_in_flight: Some(4),
         scrape_ms: 1.0,

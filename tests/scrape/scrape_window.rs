@@ -20,6 +20,7 @@ fn sample(at: u64, gen: Option<f64>, running: f64, in_flight: u64) -> ServerSamp
             prompt_tokens_total: gen.map(|g| g / 10.0),
             kv_cache_usage: Some(0.5),
             ttft: None,
+            ..Default::default()
         },
         proxy_in_flight: Some(in_flight),
         scrape_ms: 1.0,
