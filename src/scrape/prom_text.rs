@@ -153,7 +153,7 @@ pub struct VllmValues {
     /// `vllm:time_to_first_token_seconds` (histogram).
     pub ttft: Option<HistogramValues>,
     /// The KV cache's size and the preemption counter.
-    pub kv: super::kv_values::KvValues,
+    pub kv: kv::KvValues,
 }
 
 /// Name of the KV-cache gauge, and the deprecated name read when it is absent.
@@ -222,7 +222,7 @@ pub fn extract(text: &PromText) -> VllmValues {
         prompt_tokens_total: sum_of(text, vllm::PROMPT_TOKENS_TOTAL.name),
         kv_cache_usage: KV_CACHE_NAMES.iter().find_map(|n| mean_of(text, n)),
         ttft: histogram_of(text, vllm::TIME_TO_FIRST_TOKEN_SECONDS.name),
-        kv: super::kv_values::extract_kv(text),
+        kv: kv::extract_kv(text),
     }
 }
 
@@ -245,5 +245,89 @@ mod tests {
         let t = parse("ok 1\n{x=\"1\"} 2\nbad{x=1} 3\nnovalue\nx 1 2 3\nv{a=\"b\" 4\ny NaNa\n");
         assert_eq!(t.lines.len(), 1);
         assert_eq!(t.garbage, 6);
+    }
+}
+
+/// The KV-cache series (kept here: they are read from the same parsed exposition).
+pub mod kv {
+    use super::PromText;
+    use crate::exposition::vllm;
+
+    /// vLLM's info gauge whose labels carry the cache configuration (value 1).
+    pub const CACHE_CONFIG_INFO: &str = vllm::CACHE_CONFIG_INFO.name;
+    /// vLLM's counter of preemptions (a running sequence evicted for want of a KV block).
+    pub const NUM_PREEMPTIONS_TOTAL: &str = vllm::NUM_PREEMPTIONS_TOTAL.name;
+
+    /// The KV-cache series kept per scrape.
+    #[derive(Debug, Clone, Default, PartialEq)]
+    pub struct KvValues {
+        /// `num_gpu_blocks` of `cache_config_info`, summed over engines (each engine has its own
+        /// cache).
+        pub num_gpu_blocks: Option<u64>,
+        /// `block_size` of `cache_config_info`, tokens per block (the first engine's).
+        pub block_size: Option<u64>,
+        /// `kv_cache_size_tokens` of `cache_config_info`, summed over engines: the cache in tokens,
+        /// used where blocks are absent.
+        pub kv_cache_size_tokens: Option<u64>,
+        /// `enable_prefix_caching` of `cache_config_info` (the first engine's).
+        pub enable_prefix_caching: Option<bool>,
+        /// `vllm:num_preemptions_total`, summed over label sets (a counter).
+        pub preemptions_total: Option<f64>,
+    }
+
+    fn label_u64(labels: &[(String, String)], key: &str) -> Option<u64> {
+        let v = labels.iter().find(|(k, _)| k == key)?.1.as_str();
+        // vLLM writes some integers as floats ("512.0"); "None" means unset.
+        v.parse::<u64>().ok().or_else(|| {
+            v.parse::<f64>()
+                .ok()
+                .filter(|f| f.is_finite() && *f >= 0.0)
+                .map(|f| f as u64)
+        })
+    }
+
+    fn add(acc: &mut Option<u64>, v: Option<u64>) {
+        if let Some(v) = v {
+            *acc = Some(acc.unwrap_or(0) + v);
+        }
+    }
+
+    /// Extracts the KV-cache series from a parsed exposition.
+    pub fn extract_kv(text: &PromText) -> KvValues {
+        let mut out = KvValues::default();
+        for l in text.lines.iter().filter(|l| l.name == CACHE_CONFIG_INFO) {
+            add(
+                &mut out.num_gpu_blocks,
+                label_u64(&l.labels, "num_gpu_blocks"),
+            );
+            add(
+                &mut out.kv_cache_size_tokens,
+                label_u64(&l.labels, "kv_cache_size_tokens"),
+            );
+            if out.block_size.is_none() {
+                out.block_size = label_u64(&l.labels, "block_size").filter(|b| *b > 0);
+            }
+            if out.enable_prefix_caching.is_none() {
+                out.enable_prefix_caching = l
+                    .labels
+                    .iter()
+                    .find(|(k, _)| k == "enable_prefix_caching")
+                    .and_then(|(_, v)| match v.as_str() {
+                        "True" | "true" => Some(true),
+                        "False" | "false" => Some(false),
+                        _ => None,
+                    });
+            }
+        }
+        for l in text
+            .lines
+            .iter()
+            .filter(|l| l.name == NUM_PREEMPTIONS_TOTAL)
+        {
+            if l.value.is_finite() {
+                *out.preemptions_total.get_or_insert(0.0) += l.value;
+            }
+        }
+        out
     }
 }
