@@ -93,7 +93,16 @@ pub fn build(
         &pass2.level_sums,
     );
     let users = users(&p);
-    let kv = super::kv::analyze_kv(&p, service_level.capacity.in_flight);
+    let contexts = p
+        .users
+        .values()
+        .flat_map(|u| u.contexts.iter().copied())
+        .collect();
+    let kv = super::kv::analyze_kv(
+        contexts,
+        &p.server_samples,
+        service_level.capacity.in_flight,
+    );
     let apis = apis(&p);
     let cold_starts = ColdStarts {
         count: p.cold_start_count,

@@ -9,8 +9,6 @@ use crate::clock::{format_rfc3339_micros, NANOS_PER_SEC};
 use crate::meter::kv::{table, ContextView, KvCache, KvTableRow};
 use crate::meter::saturation::{saturation, SaturationState};
 
-use super::collect::Pass1;
-
 /// Length of the windows the saturation state is judged over, seconds (the meter's shortest
 /// default window).
 pub const SATURATION_WINDOW_S: u64 = 10;
@@ -45,16 +43,16 @@ pub struct AnalyzeKv {
     pub saturation: Option<SaturationSummary>,
 }
 
-/// The report's `kv` object.
-pub fn analyze_kv(p: &Pass1, service_level_in_flight: Option<u32>) -> AnalyzeKv {
-    let mut all: Vec<u64> = p
-        .users
-        .values()
-        .flat_map(|u| u.contexts.iter().copied())
-        .collect();
+/// The report's `kv` object from every request's context (`all`, in any order) and the log's
+/// scrape samples.
+pub fn analyze_kv(
+    mut all: Vec<u64>,
+    server_samples: &[crate::scrape::ServerSample],
+    service_level_in_flight: Option<u32>,
+) -> AnalyzeKv {
     let max = all.iter().copied().max();
     let contexts = ContextView::of(&mut all, max);
-    let mut samples: Vec<&crate::scrape::ServerSample> = p.server_samples.iter().collect();
+    let mut samples: Vec<&crate::scrape::ServerSample> = server_samples.iter().collect();
     samples.sort_by_key(|s| s.ts_ns);
     let cache = samples
         .iter()

@@ -2,7 +2,7 @@
 
 use crate::meter::service_level::{ServiceLevelRow, ServiceLevelView};
 
-use super::tables::{grid, num, Grid};
+use super::grid::{grid, num, Grid};
 
 const HEADERS: [&str; 11] = [
     "N",

@@ -27,30 +27,8 @@ pub struct Series {
     pub right_axis: bool,
 }
 
-/// Escapes text for XML content and attributes.
-pub fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-/// A "nice" tick step for a range, about five ticks.
-pub(super) fn step(max: f64) -> f64 {
-    let raw = (max / 5.0).max(1e-9);
-    let mag = 10f64.powf(raw.log10().floor());
-    let norm = raw / mag;
-    let nice = if norm <= 1.0 {
-        1.0
-    } else if norm <= 2.0 {
-        2.0
-    } else if norm <= 5.0 {
-        5.0
-    } else {
-        10.0
-    };
-    nice * mag
-}
+pub use super::svg_parts::esc;
+use super::svg_parts::{open, step};
 
 fn axis_max(points: impl Iterator<Item = f64>) -> f64 {
     let m = points.filter(|v| v.is_finite()).fold(0.0f64, f64::max);
@@ -100,17 +78,7 @@ pub fn chart(
     );
     let sx = |x: f64| LEFT + (x - x_min) / (x_max - x_min) * pw;
     let sy = |y: f64, max: f64| TOP + ph - y / max * ph;
-    let mut o = String::new();
-    let _ = write!(
-        o,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = write!(
-        o,
-        r#"<text x="{}" y="20" text-anchor="middle" font-size="14">{}</text>"#,
-        W / 2.0,
-        esc(title)
-    );
+    let mut o = open(W, H, title);
     let _ = write!(
         o,
         r#"<g class="axes" stroke="dimgray"><line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{}"/><line x1="{LEFT}" y1="{0}" x2="{1}" y2="{0}"/></g>"#,

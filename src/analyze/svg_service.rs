@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::report::Report;
-use super::svg::{esc, step};
+use super::svg_parts::{esc, open, step};
 
 const W: f64 = 720.0;
 const H: f64 = 360.0;
@@ -45,19 +45,10 @@ pub fn service_level(r: &Report) -> String {
     let y_max = (y_top / y_step).ceil() * y_step;
     let sx = |x: f64| LEFT + x / x_max * pw;
     let sy = |y: f64| TOP + ph - (y / y_max).clamp(0.0, 1.0) * ph;
-    let mut o = String::new();
-    let _ = write!(
-        o,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = write!(
-        o,
-        r#"<text x="{}" y="20" text-anchor="middle" font-size="14">{}</text>"#,
-        W / 2.0,
-        esc(&format!(
-            "Capacity at the service level: {}",
-            v.capacity.text
-        ))
+    let mut o = open(
+        W,
+        H,
+        &format!("Capacity at the service level: {}", v.capacity.text),
     );
     let _ = write!(
         o,

@@ -6,13 +6,7 @@ use crate::meter::capacity::CapacityRow;
 
 use super::report::Report;
 
-/// Formats an optional number with `decimals` places, `—` when unknown.
-pub fn num(v: Option<f64>, decimals: usize) -> String {
-    match v {
-        Some(v) if v.is_finite() => format!("{v:.decimals$}"),
-        _ => "—".to_string(),
-    }
-}
+pub use super::grid::{grid, num, table, Grid};
 
 /// "+113% for 4× users": the marginal gain of `row` over the previous row `prev_n`.
 pub fn marginal_text(row: &CapacityRow, prev_n: Option<u32>) -> String {
@@ -28,55 +22,6 @@ pub fn marginal_text(row: &CapacityRow, prev_n: Option<u32>) -> String {
         }
         _ => "—".to_string(),
     }
-}
-
-/// A table's cells.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Grid {
-    /// Column headers.
-    pub headers: Vec<String>,
-    /// Rows of cells.
-    pub rows: Vec<Vec<String>>,
-}
-
-/// A grid from headers and rows.
-pub fn grid(headers: &[&str], rows: &[Vec<String>]) -> Grid {
-    Grid {
-        headers: headers
-            .iter()
-            .map(std::string::ToString::to_string)
-            .collect(),
-        rows: rows.to_vec(),
-    }
-}
-
-/// A table with aligned columns.
-pub fn table(headers: &[String], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: &mut dyn Iterator<Item = &str>| {
-        let mut s = String::from("|");
-        for (cell, w) in cells.zip(&widths) {
-            let pad = w.saturating_sub(cell.chars().count());
-            let _ = write!(s, " {cell}{} |", " ".repeat(pad));
-        }
-        s.push('\n');
-        s
-    };
-    let mut out = line(&mut headers.iter().map(String::as_str));
-    out.push('|');
-    for w in &widths {
-        let _ = write!(out, "{}|", "-".repeat(w + 2));
-    }
-    out.push('\n');
-    for row in rows {
-        out.push_str(&line(&mut row.iter().map(String::as_str)));
-    }
-    out
 }
 
 /// The capacity rows as table cells; a row with fewer than `min_s` steady seconds is marked

@@ -11,6 +11,7 @@ use crate::scrape::{ServerSample, ServerTrack};
 use super::capacity::{CapacityAccumulator, RequestLevel};
 use super::config::{MeterConfig, MAX_HORIZON_S};
 use super::inflight::mean_level;
+use super::kv;
 use super::labels::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
 use super::levels::{GuardKey, LevelAttribution};
 use super::prometheus::{PromState, Slot};
@@ -414,5 +415,61 @@ impl Meter {
         // Tokens are attributed as whole events, so `attributed` is a whole number.
         self.prom
             .add_record(slot, record, attributed.round() as u64, live_prompt);
+    }
+}
+
+impl Meter {
+    /// The `kv` object at the meter's current instant, given the capacity at the service level.
+    pub(super) fn kv_view(&self, service_level_in_flight: Option<u32>) -> kv::KvView {
+        let (cache, usage) = match &self.last_kv {
+            Some((v, usage)) => (
+                Some(kv::KvCache::of(v)).filter(|c| c.basis.is_some()),
+                *usage,
+            ),
+            None => (None, None),
+        };
+        let cache_reason = match (&self.last_kv, &cache) {
+            (None, _) => Some("no scrape of the upstream's /metrics yet (metrics_url unset?)".into()),
+            (Some(_), None) => Some(
+                "the upstream's /metrics carries no vllm:cache_config_info with num_gpu_blocks or kv_cache_size_tokens"
+                    .into(),
+            ),
+            _ => None,
+        };
+        let contexts = self.aggregate.contexts.view(0, UnixNanos::MAX);
+        let (tokens, blocks, in_flight, prompt_unknown) =
+            self.open_kv(cache.as_ref().and_then(|c| c.block_size));
+        let server_blocks = cache
+            .as_ref()
+            .and_then(kv::KvCache::usable_blocks)
+            .zip(usage)
+            .map(|(n, u)| u * n as f64);
+        let estimate = kv::KvEstimate {
+            in_flight,
+            prompt_unknown,
+            tokens,
+            blocks,
+            server_blocks,
+            diff_blocks: server_blocks.zip(blocks).map(|(s, b)| s - b as f64),
+        };
+        let headroom = kv::headroom(
+            cache.as_ref(),
+            &estimate,
+            contexts.p90,
+            self.config.kv_headroom_threshold_pct,
+        );
+        kv::KvView {
+            table: kv::table(
+                cache.as_ref(),
+                &contexts,
+                service_level_in_flight,
+                self.config.max_num_seqs,
+            ),
+            cache,
+            cache_reason,
+            contexts,
+            estimate,
+            headroom,
+        }
     }
 }
