@@ -18,6 +18,7 @@ pub mod html;
 pub mod input;
 pub mod kv;
 pub mod parse;
+mod production_sweep;
 pub mod report;
 mod service_table;
 pub mod spill;

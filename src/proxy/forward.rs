@@ -20,19 +20,19 @@ use crate::fleet::{Load, Upstreams};
 use crate::fold::Fold;
 use crate::proxy::as_stream;
 use crate::proxy::body::{MeteredBody, Reading};
+use crate::proxy::deferred_identity::deferred_identity;
 use crate::proxy::headers::strip_hop_by_hop;
-use crate::proxy::identity::{self, Clues};
+use crate::proxy::identity;
 use crate::proxy::pool::PooledBody;
 use crate::proxy::request::{inject_include_usage, RequestInfo};
 use crate::proxy::sniff::Verdict;
 use crate::proxy::state::ProxyState;
 use crate::proxy::tracker::SessionClues;
-use crate::proxy::tracker::{DeferredIdentity, RequestMeta, Tracker};
+use crate::proxy::tracker::{RequestMeta, Tracker};
 use crate::proxy::upstream_error::classify_client_error;
 use crate::proxy::ProxyBody;
 use crate::record::{Outcome, UserSource};
 use crate::sse::SseScanner;
-use crate::traceparent::TraceParent;
 
 /// Handles one request; never fails (every error is an HTTP answer). `framing` is what the head
 /// sniffer found on this connection.
@@ -91,68 +91,12 @@ pub async fn handle(
     Ok(resp)
 }
 
-/// Fills a request's identity, user agent and trace from the head's fields that say them, kept
-/// (reference-counted, not copied) before the head is edited for the upstream: the forwarder
-/// runs it once the request is on its way ([`Tracker::defer_identity`]).
-fn deferred_identity(
-    headers: &http::HeaderMap,
-    users: &Arc<crate::config::UsersConfig>,
-    path_user: Option<&str>,
-    remote: SocketAddr,
-    log_client_ip: bool,
-) -> DeferredIdentity {
-    let mut kept = http::HeaderMap::with_capacity(8);
-    for (name, v) in headers {
-        let n = name.as_str();
-        if name == header::AUTHORIZATION
-            || name == header::USER_AGENT
-            || n == identity::X_API_KEY
-            || n == "traceparent"
-            || n.eq_ignore_ascii_case(&users.header)
-        {
-            kept.append(name.clone(), v.clone());
-        }
-    }
-    let users = users.clone();
-    let path_user = path_user.map(str::to_string);
-    Box::new(move |meta: &mut RequestMeta, body_user: Option<&str>| {
-        let (user, source) = identity::identify(
-            &users,
-            &Clues {
-                path_user: path_user.as_deref(),
-                headers: &kept,
-                body_user,
-                client_ip: remote.ip(),
-            },
-        );
-        meta.user = user.into();
-        meta.user_source = source;
-        meta.user_agent = user_agent(&kept);
-        meta.client_ip = log_client_ip.then(|| remote.ip().to_string());
-        meta.trace = kept
-            .get("traceparent")
-            .and_then(|v| TraceParent::parse(v.as_bytes()));
-    })
-}
-
 /// A client's request id is kept when it is 1 to 128 visible ASCII characters (what fits a log
 /// line and a header unchanged); anything else is replaced by the proxy's own.
 fn valid_request_id(v: &HeaderValue) -> Option<&str> {
     let b = v.as_bytes();
     let ok = (1..=128).contains(&b.len()) && b.iter().all(u8::is_ascii_graphic);
     ok.then(|| v.to_str().ok()).flatten()
-}
-
-/// The client's `User-Agent`, cut to a bounded length (invalid UTF-8 replaced).
-fn user_agent(h: &http::HeaderMap) -> Option<String> {
-    let text = String::from_utf8_lossy(h.get(header::USER_AGENT)?.as_bytes());
-    // Copied once, at its final length.
-    Some(
-        match text.char_indices().nth(crate::record::MAX_USER_AGENT_CHARS) {
-            Some((cut, _)) => text[..cut].to_string(),
-            None => text.into_owned(),
-        },
-    )
 }
 
 /// Forwards one request; `request_id` receives the id to return to the client in

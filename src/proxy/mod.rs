@@ -5,6 +5,7 @@
 
 mod as_stream;
 mod body;
+mod deferred_identity;
 mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
