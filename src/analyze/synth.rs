@@ -6,7 +6,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::clock::{format_rfc3339_micros, UnixNanos, NANOS_PER_SEC};
-use crate::record::{DerivedRates, Outcome, RequestRecord, TokensSource, UserSource};
+use crate::record::{DerivedRates, Outcome, RequestRecord};
 
 /// 2026-11-29T18:00:00Z, a whole second.
 pub const T0: UnixNanos = 1_795_975_200 * NANOS_PER_SEC;
@@ -21,66 +21,29 @@ pub fn record(
     user: &str,
 ) -> RequestRecord {
     let rates = DerivedRates::compute(ttft_ms, Some(e2e_ms), Some(completion));
+    // The fields a record needs for analyze; the rest as an empty line has them.
     RequestRecord {
-        kind: "request".into(),
-        schema: 1,
         ts: format_rfc3339_micros(start),
         ts_ns: start,
         request_id: format!("req-{start}"),
-        client_request_id: None,
-        upstream: None,
         user: user.into(),
-        user_source: UserSource::Header,
         model: Some("tiny-llama".into()),
         method: "POST".into(),
-        path: "/v1/chat/completions".into(),
-        user_agent: None,
-        client_ip: None,
         status: Some(200),
         stream: Some(stream),
-        outcome: Outcome::Ok,
-        api: Some(crate::dialect::Api::Chat),
         prompt_tokens: Some(12),
         completion_tokens: Some(completion),
-        cached_prompt_tokens: None,
-        reasoning_tokens: None,
-        tokens_source: TokensSource::Usage,
-        n: None,
         first_byte_ms: ttft_ms,
         ttft_ms,
-        bench_ttft_ms: None,
         e2e_ms: Some(e2e_ms),
         tpot_ms: rates.tpot_ms,
-        itl_max_ms: None,
-        ttft_source: None,
-        ttft_fallback: None,
-        itl_mean_ms: None,
-        itl_p50_ms: None,
-        itl_p99_ms: None,
         tok_s: rates.tok_s,
-        slo_ok: None,
-        slo_miss: None,
         decode_tok_s: rates.decode_tok_s,
         in_flight_at_start: 1,
-        cold_start: false,
         finish_reason: Some("length".into()),
         bytes_in: 200,
         bytes_out: 4000,
-        error: None,
-        server_queue_ms: None,
-        server_ttft_ms: None,
-        server_mean_itl_ms: None,
-        token_curve: None,
-        session: None,
-        session_source: None,
-        turn: None,
-        session_call: None,
-        session_gap_ms: None,
-        prefix_expected_tokens: None,
-        prefix_lost_tokens: None,
-        prefix_audit: None,
-        itl: None,
-        trace: None,
+        ..super::parse::scratch_record()
     }
 }
 
