@@ -17,7 +17,7 @@ pub struct Gauge {
 }
 
 /// The meter's gauges, in the order they are written (after its counters and histograms).
-pub const GAUGES: [Gauge; 8] = [
+pub const GAUGES: [Gauge; 10] = [
     Gauge {
         metric: Metric::gauge(
             "tokenmeter_requests_in_flight",
@@ -89,6 +89,27 @@ pub const GAUGES: [Gauge; 8] = [
             &[],
         ),
         read: |m, now| Some(u64::from(m.saturation_now(now)?.level()).into()),
+    },
+    Gauge {
+        metric: Metric::gauge(
+            "tokenmeter_capacity_at_service_level",
+            "Highest in-flight level at which the service level's attainment target is met (a lower bound while ..._reached is 0).",
+            Unit::Count("{request}"),
+            &[],
+        ),
+        read: |m, now| Some(m.service_capacity(now).in_flight?.into()),
+    },
+    Gauge {
+        metric: Metric::gauge(
+            "tokenmeter_capacity_at_service_level_reached",
+            "1 when a level above the capacity missed the service level, 0 while traffic never went high enough to miss.",
+            Unit::Count("{boolean}"),
+            &[],
+        ),
+        read: |m, now| {
+            let c = m.service_capacity(now);
+            c.in_flight.map(|_| u64::from(c.reached).into())
+        },
     },
 ];
 

@@ -428,24 +428,3 @@ impl PromState {
         self.sessions.render(&mut w);
     }
 }
-
-/// Appends the capacity at the service level: `tokenmeter_capacity_at_service_level` (the
-/// in-flight level) and `tokenmeter_capacity_at_service_level_reached` (1 when a level above it
-/// missed, 0 while it is a lower bound). Both are absent while the figure is unknown (no level
-/// has `slo.min_requests` judged requests), never 0.
-pub fn render_service_level(out: &mut String, c: &super::service_level::ServiceCapacity) {
-    use std::fmt::Write;
-    let Some(n) = c.in_flight else { return };
-    let _ = write!(
-        out,
-        "# HELP tokenmeter_capacity_at_service_level Highest in-flight level at which the service \
-         level's attainment target is met (a lower bound while ..._reached is 0).\n\
-         # TYPE tokenmeter_capacity_at_service_level gauge\n\
-         tokenmeter_capacity_at_service_level {n}\n\
-         # HELP tokenmeter_capacity_at_service_level_reached 1 when a level above the capacity \
-         missed the service level, 0 while traffic never went high enough to miss.\n\
-         # TYPE tokenmeter_capacity_at_service_level_reached gauge\n\
-         tokenmeter_capacity_at_service_level_reached {}\n",
-        u8::from(c.reached)
-    );
-}

@@ -8,7 +8,7 @@ use super::engine::Meter;
 use super::levels::production_rows;
 use super::saturation::saturation;
 use super::scope::Scope;
-use super::service_level::service_level_view;
+use super::service_level::{service_level_view, ServiceCapacity};
 use super::snapshot::{
     AccessLogView, ScopeView, SnapshotError, SnapshotQuery, StatsSnapshot, Windows, STATS_SCHEMA,
 };
@@ -131,9 +131,13 @@ impl Meter {
         let mut out = String::with_capacity(4096);
         self.prom.render(&mut out);
         super::gauges::render(&mut out, self, now);
-        self.levels.advance(now);
-        let view = service_level_view(&self.config.slo, &self.verdicts, self.levels.sums());
-        super::prometheus::render_service_level(&mut out, &view.capacity);
         out
+    }
+
+    /// The capacity at the service level at `now`: the headline `/stats` gives as
+    /// `service_level.capacity`, for the gauges.
+    pub(super) fn service_capacity(&mut self, now: UnixNanos) -> ServiceCapacity {
+        self.levels.advance(now);
+        service_level_view(&self.config.slo, &self.verdicts, self.levels.sums()).capacity
     }
 }

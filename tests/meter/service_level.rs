@@ -149,6 +149,22 @@ async fn held_levels_give_exactly_ten_and_pace_binds() {
     assert_eq!(sl["capacity"]["first_miss"], 11);
     // The model, fitted to the clean time of every level, gives the same pace limit.
     assert_eq!(sl["model"]["pace_capacity"], 10, "{}", sl["model"]);
+    // Prometheus gives the same headline (the gauges read the view `/stats` gives).
+    let req = "GET /stats/metrics HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n";
+    let metrics = String::from_utf8(raw_request(proxy.addr, req.as_bytes()).await.body).unwrap();
+    let gauge = |name: &str| -> Option<String> {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ').map(String::from))
+    };
+    assert_eq!(
+        gauge("tokenmeter_capacity_at_service_level").as_deref(),
+        Some("10")
+    );
+    assert_eq!(
+        gauge("tokenmeter_capacity_at_service_level_reached").as_deref(),
+        Some("1")
+    );
 
     let lines = proxy.finish().await;
     let slo = slo();
