@@ -195,11 +195,6 @@ impl ProxyError {
         }
     }
 
-    /// The JSON body in OpenAI's shape ([`error_body`]).
-    pub fn body(&self) -> Bytes {
-        self.body_in(ErrorShape::OpenAi)
-    }
-
     /// The JSON body in `shape` ([`error_body_in`]): the shape of the path's API.
     pub fn body_in(&self, shape: ErrorShape) -> Bytes {
         error_body_in(shape, self.status, self.kind, &self.message, self.param)
@@ -213,7 +208,7 @@ mod tests {
     #[test]
     fn body_is_openai_shaped() {
         let e = ProxyError::bad_gateway("connection refused");
-        let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&e.body_in(ErrorShape::OpenAi)).unwrap();
         assert_eq!(v["error"]["code"], 502);
         assert_eq!(v["error"]["type"], "BadGatewayError");
         assert!(v["error"]["param"].is_null());
