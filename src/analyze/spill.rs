@@ -176,16 +176,6 @@ impl Spill {
         Ok(())
     }
 
-    /// Entries pushed.
-    pub fn len(&self) -> u64 {
-        self.written + self.pending.len() as u64
-    }
-
-    /// Whether nothing was pushed.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn finish_writing(&mut self) -> io::Result<()> {
         self.write_run()?;
         if let Some(mut w) = self.writer.take() {

@@ -5,8 +5,8 @@
 //! the others.
 
 mod admin;
-pub mod reload;
-pub mod serve_cli;
+pub(crate) mod reload;
+pub(crate) mod serve_cli;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -16,10 +16,10 @@ use crate::error::ErrorShape;
 use crate::fold::{AsStream, Unfoldable};
 use crate::openai::ServerTimings;
 
-pub mod chat;
-pub mod completions;
-pub mod messages;
-pub mod responses;
+pub(crate) mod chat;
+pub(crate) mod completions;
+pub(crate) mod messages;
+pub(crate) mod responses;
 
 /// A generation API, as logged in the `api` field and used as a bounded metrics label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -4,8 +4,8 @@
 //! `/metrics` (vLLM's series, declared in [`vllm`], which the scraper reads by the same
 //! declarations) and the meter's `/stats/metrics` (tokenmeter's) are both written so.
 
-pub mod metric;
-pub mod text;
+pub(crate) mod metric;
+pub(crate) mod text;
 pub mod vllm;
 
 pub use metric::{Kind, Metric, Unit};

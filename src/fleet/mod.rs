@@ -5,8 +5,8 @@
 //! This module holds routing state only (atomics and one read-mostly lock per replica, touched
 //! once per request, never per chunk); the proxy owns the per-replica meters.
 
-pub mod metrics;
-pub mod models;
+pub(crate) mod metrics;
+pub(crate) mod models;
 pub mod settings;
 
 pub use metrics::render_prometheus;

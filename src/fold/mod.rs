@@ -14,11 +14,11 @@
 //! Each API's dialect (`crate::dialect`) offers its file's `as_stream` as `Dialect::as_stream`: adding
 //! an API is one file here and that one method in its dialect.
 
-pub mod chat;
-pub mod completions;
-pub mod messages;
-pub mod pyjson;
-pub mod responses;
+pub(crate) mod chat;
+pub(crate) mod completions;
+pub(crate) mod messages;
+pub(crate) mod pyjson;
+pub(crate) mod responses;
 
 use bytes::Bytes;
 use serde_json::{Map, Value};

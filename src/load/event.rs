@@ -1,49 +1,7 @@
-//! Reading one streamed chat-completion event, with the proxy's own summary parser
-//! ([`crate::openai::summarize`]): whether `choices` is non-empty (TTFT), how many choices carry
-//! output (the fallback token count), `usage`, and `error`.
+//! What `load` reads from an answer besides the dialect's events: the message of an error body,
+//! and the usage type it reports.
 
 pub use crate::openai::Usage;
-
-/// What one `data:` payload says.
-#[derive(Debug, PartialEq)]
-pub enum StreamEvent {
-    /// The `[DONE]` sentinel.
-    Done,
-    /// A chunk object.
-    Chunk {
-        /// `choices` holds at least one element.
-        has_choices: bool,
-        /// Choices that carry output (non-empty content, text, reasoning or tool calls).
-        content_choices: u32,
-        /// The chunk's `usage`, when present and not null.
-        usage: Option<Usage>,
-    },
-    /// An `error` object sent inside the stream.
-    Error(String),
-    /// Not JSON of the expected shape.
-    Unparsable,
-}
-
-/// Classifies one event payload.
-pub fn parse_event(data: &[u8]) -> StreamEvent {
-    let trimmed = data.trim_ascii();
-    if trimmed == b"[DONE]" {
-        return StreamEvent::Done;
-    }
-    match crate::openai::summarize(trimmed) {
-        Some(s) if s.is_error => {
-            // Rare: build the tree only to read the message.
-            let v: serde_json::Value = serde_json::from_slice(trimmed).unwrap_or_default();
-            StreamEvent::Error(error_text(&v))
-        }
-        Some(s) => StreamEvent::Chunk {
-            has_choices: s.choices > 0,
-            content_choices: s.content_choices,
-            usage: s.usage,
-        },
-        None => StreamEvent::Unparsable,
-    }
-}
 
 /// The message of an OpenAI-style error value (`{"message":..}`, `{"error":{..}}` or a string).
 pub fn error_text(v: &serde_json::Value) -> String {
@@ -64,68 +22,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn role_event_has_choices_but_no_content() {
-        let e = br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
+    fn error_text_reads_each_shape() {
+        let v = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
         assert_eq!(
-            parse_event(e),
-            StreamEvent::Chunk {
-                has_choices: true,
-                content_choices: 0,
-                usage: None
-            }
+            error_text(&v(r#"{"error":{"message":"boom","type":"x"}}"#)),
+            "boom"
         );
-    }
-
-    #[test]
-    fn escaped_content_counts_as_content() {
-        let e = br#"{"choices":[{"delta":{"content":"\n"},"finish_reason":null}]}"#;
-        assert_eq!(
-            parse_event(e),
-            StreamEvent::Chunk {
-                has_choices: true,
-                content_choices: 1,
-                usage: None
-            }
-        );
-    }
-
-    #[test]
-    fn usage_event_has_no_choices() {
-        let e = br#"{"choices":[],"usage":{"prompt_tokens":12,"total_tokens":17,"completion_tokens":5}}"#;
-        let want = Usage {
-            prompt_tokens: Some(12),
-            completion_tokens: Some(5),
-            ..Usage::default()
-        };
-        assert_eq!(
-            parse_event(e),
-            StreamEvent::Chunk {
-                has_choices: false,
-                content_choices: 0,
-                usage: Some(want)
-            }
-        );
-    }
-
-    #[test]
-    fn done_error_and_garbage() {
-        assert_eq!(parse_event(b" [DONE] "), StreamEvent::Done);
-        let err = br#"{"error":{"message":"boom","type":"x"}}"#;
-        assert_eq!(parse_event(err), StreamEvent::Error("boom".into()));
-        assert_eq!(parse_event(b"{not json"), StreamEvent::Unparsable);
-        assert_eq!(parse_event(br#"{"choices":7}"#), StreamEvent::Unparsable);
-    }
-
-    #[test]
-    fn completions_text_counts() {
-        let e = br#"{"choices":[{"text":"hi"},{"text":""}],"usage":null}"#;
-        assert_eq!(
-            parse_event(e),
-            StreamEvent::Chunk {
-                has_choices: true,
-                content_choices: 1,
-                usage: None
-            }
-        );
+        assert_eq!(error_text(&v(r#"{"message":"flat"}"#)), "flat");
+        assert_eq!(error_text(&v(r#"{"detail":"Not Found"}"#)), "Not Found");
+        assert_eq!(error_text(&v(r#"{"error":"plain"}"#)), "plain");
     }
 }

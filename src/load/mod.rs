@@ -31,21 +31,21 @@
 //! RATE` open-loop arrivals, prompt and output lengths from distributions; behind a proxy, its
 //! production-traffic capacity table is printed beside the client's figures.
 
-pub mod agents;
-pub mod api;
-pub mod burst;
-pub mod client;
-pub mod dist;
-pub mod duration;
-pub mod event;
-pub mod progress;
+pub(crate) mod agents;
+pub(crate) mod api;
+pub(crate) mod burst;
+pub(crate) mod client;
+pub(crate) mod dist;
+pub(crate) mod duration;
+pub(crate) mod event;
+pub(crate) mod progress;
 pub mod prompts;
-pub mod report;
-pub mod result;
-pub mod session;
-pub mod stats;
-pub mod summary;
-pub mod sustained;
+pub(crate) mod report;
+pub(crate) mod result;
+pub(crate) mod session;
+pub(crate) mod stats;
+pub(crate) mod summary;
+pub(crate) mod sustained;
 pub mod table;
 
 use std::time::{Duration, Instant};

@@ -13,11 +13,6 @@ pub struct LevelTime {
 }
 
 impl LevelTime {
-    /// Nothing recorded.
-    pub fn new() -> Self {
-        LevelTime::default()
-    }
-
     /// The level was `level` (> 0) for `ns` nanoseconds of second `sec`.
     pub fn observe(&mut self, sec: u64, level: u32, ns: u64) {
         if ns == 0 || level == 0 {
@@ -108,7 +103,7 @@ mod tests {
 
     #[test]
     fn shares_median_and_deviation() {
-        let mut t = LevelTime::new();
+        let mut t = LevelTime::default();
         for sec in 0..10 {
             t.observe(sec, 16, 900_000_000);
             t.observe(sec, 15, 100_000_000);

@@ -3,10 +3,10 @@
 //! access log (`server_sample` lines) and in `analyze`.
 
 pub mod crosscheck;
-pub mod kv_values;
+pub(crate) mod kv_values;
 pub mod prom_text;
-pub mod sample;
-pub mod scraper;
+pub(crate) mod sample;
+pub(crate) mod scraper;
 
 pub use crosscheck::{ServerTrack, ServerWindow};
 pub use kv_values::KvValues;

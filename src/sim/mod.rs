@@ -3,24 +3,24 @@
 //! Its token counts are exact ground truth: [`SimHandle::counters`] and
 //! [`SimHandle::generated_tokens_in`] say precisely what was generated, and when.
 
-pub mod api;
-pub mod body;
-pub mod config;
+pub(crate) mod api;
+pub(crate) mod body;
+pub(crate) mod config;
 pub mod engine;
 mod engine_kv;
-pub mod http;
-pub mod kv;
+pub(crate) mod http;
+pub(crate) mod kv;
 pub mod metrics;
 pub mod prompt;
-pub mod request;
+pub(crate) mod request;
 pub mod scheduler;
-pub mod statslog;
-pub mod tools;
-pub mod truth;
-pub mod wire_messages;
-pub mod wire_openai;
-pub mod wire_parts;
-pub mod wire_responses;
+pub(crate) mod statslog;
+pub(crate) mod tools;
+pub(crate) mod truth;
+pub(crate) mod wire_messages;
+pub(crate) mod wire_openai;
+pub(crate) mod wire_parts;
+pub(crate) mod wire_responses;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -112,11 +112,6 @@ impl MessagesWriter {
         }
     }
 
-    /// Output tokens written so far.
-    pub fn completion_tokens(&self) -> u64 {
-        self.tokens
-    }
-
     /// The events of one token.
     fn token_events(&mut self, finish: Option<Finish>, out: &mut VecDeque<Bytes>) {
         let index = self.tokens;

@@ -12,7 +12,7 @@ use super::engine::{Finish, Timings};
 use super::prompt::{self, token_text};
 use super::request::{bad, missing, py_repr, validation, ApiError, GenRequest, RequestRules};
 use super::tools::{ForcedTool, ToolShape};
-pub use super::wire_parts::{json_str, prefixed, typed_event, ChoiceOut};
+pub use super::wire_parts::{json_str, prefixed, ChoiceOut};
 use super::wire_parts::{prompt_tokens_details, Answering, EventWrite};
 use crate::dialect::Api;
 
@@ -61,12 +61,6 @@ fn new_id(endpoint: Api) -> String {
     } else {
         "chatcmpl-"
     })
-}
-
-/// The JSON-escaped text of a string (without the quotes).
-pub fn escaped(s: &str) -> String {
-    let q = json_str(s);
-    q[1..q.len() - 1].to_string()
 }
 
 /// Per-request `metrics` object (mirrors vLLM's `--enable-per-request-metrics` field).

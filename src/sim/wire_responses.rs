@@ -174,11 +174,6 @@ impl ResponsesWriter {
         }
     }
 
-    /// Output tokens written so far.
-    pub fn completion_tokens(&self) -> u64 {
-        self.tokens
-    }
-
     fn push(&mut self, out: &mut VecDeque<Bytes>, name: &str, json: String) {
         out.push_back(typed_event(name, &json));
         self.seq += 1;
