@@ -43,24 +43,10 @@ pub async fn handle(
     framing: Arc<Verdict>,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
     let t0 = state.trackers.time().now();
-    if framing.next_request_is_ambiguous() {
-        // Neither the body nor anything after it on this connection can be trusted: answer
-        // without reading it, and close.
-        let err = ProxyError::bad_request(
-            "Content-Length together with Transfer-Encoding is not accepted.",
-        );
-        let shape = crate::dialect::error_shape(req.uri().path());
-        let mut r = Response::new(ProxyBody::Full(Some(err.body_in(shape))));
-        *r.status_mut() = err.status;
-        let h = r.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
-        return Ok(r);
-    }
-    if crate::health::is_main_probe(req.uri().path()) {
+    // Neither the body nor anything after it on this connection can be trusted: such a request
+    // is refused (and recorded) before any probe, `/stats` route or body read.
+    let ambiguous = framing.next_request_is_ambiguous();
+    if !ambiguous && crate::health::is_main_probe(req.uri().path()) {
         if let Some((status, body)) = state.health.probe(req.uri().path()) {
             let mut r = Response::new(ProxyBody::Full(Some(Bytes::from(body))));
             *r.status_mut() = status;
@@ -71,7 +57,7 @@ pub async fn handle(
             return Ok(r);
         }
     }
-    if let Some(router) = &state.stats {
+    if let (Some(router), false) = (&state.stats, ambiguous) {
         let p = req.uri().path();
         if p == "/stats" || p.starts_with("/stats/") {
             // Boxed for the same reason as `forward` below.
@@ -83,7 +69,7 @@ pub async fn handle(
     // the response head is ready, while the connection's task, which would otherwise hold room
     // for it inline, lives as long as the connection (`benches/stream_memory.rs` counts what
     // that costs per open stream).
-    let mut resp = Box::pin(forward(&state, req, remote, t0, &mut request_id)).await;
+    let mut resp = Box::pin(forward(&state, req, remote, t0, ambiguous, &mut request_id)).await;
     if let Some(id) = request_id {
         resp.headers_mut()
             .insert(state.request_id_header.clone(), id);
@@ -100,12 +86,15 @@ fn valid_request_id(v: &HeaderValue) -> Option<&str> {
 }
 
 /// Forwards one request; `request_id` receives the id to return to the client in
-/// `request_id_header` (the client's own when valid, else the proxy's).
+/// `request_id_header` (the client's own when valid, else the proxy's). An `ambiguous` request
+/// (its head carried both `Content-Length` and `Transfer-Encoding`) is refused with a 400 and
+/// the connection closed, unread (RFC 9112 §6.3: a server may reject such a message).
 async fn forward(
     state: &Arc<ProxyState>,
     req: Request<Incoming>,
     remote: SocketAddr,
     t0: Instant,
+    ambiguous: bool,
     request_id: &mut Option<HeaderValue>,
 ) -> Response<ProxyBody> {
     let cfg = &state.config;
@@ -153,6 +142,15 @@ async fn forward(
         None => HeaderValue::from_str(tracker.request_id().as_str()).ok(),
     };
 
+    if ambiguous {
+        return reject(
+            tracker,
+            ProxyError::bad_request(
+                "Content-Length together with Transfer-Encoding is not accepted.",
+            ),
+            "Content-Length together with Transfer-Encoding",
+        );
+    }
     if !origin_form(&parts.uri) {
         return reject(
             tracker,
