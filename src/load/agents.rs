@@ -150,10 +150,10 @@ pub fn start_traffic(
                             for call in 0..calls {
                                 if call > 0 {
                                     let words = spec.prompt_words.sample(&mut rng) / 4;
-                                    session.tool_result(format!(
-                                        "Tool output:{}",
-                                        &prompt_of(seq, words)[..]
-                                    ));
+                                    session.tool_result(
+                                        format!("Tool output:{}", &prompt_of(seq, words)[..]),
+                                        &mut rng,
+                                    );
                                 }
                                 let seq = started_n.fetch_add(1, Ordering::Relaxed) as usize;
                                 if seq >= MAX_STARTED {

@@ -23,6 +23,9 @@ pub const BLOCK_TOKENS: u64 = 16;
 struct LastCall {
     /// Calls seen in the session so far.
     calls: u32,
+    /// Its turn, and Codex's `turn_id` (hashed) when sent.
+    turn: Option<u32>,
+    turn_key: Option<u64>,
     /// The conversation's item count and its whole hash.
     items: usize,
     hash: u64,
@@ -38,6 +41,10 @@ struct LastCall {
 pub struct CallAudit {
     /// The call's rank in its session, from 1 (as far as this proxy remembers).
     pub call: u32,
+    /// The call's turn: the previous call's when both carry the same Codex `turn_id`, the next
+    /// one when both carry one and they differ, else the conversation's rule
+    /// ([`SessionCall::turn`]).
+    pub turn: Option<u32>,
     /// Milliseconds from the end of the session's previous call to this call's arrival (tools,
     /// thinking, the human); `null` for a first call or when the calls overlapped.
     pub gap_ms: Option<f64>,
@@ -108,6 +115,8 @@ impl SessionTable {
             if let Some(slot) = inner.sessions.get_mut(&call.name) {
                 *slot = LastCall {
                     calls: audit.call,
+                    turn: audit.turn,
+                    turn_key: call.turn_key,
                     seen: tick,
                     ..prev
                 };
@@ -116,6 +125,8 @@ impl SessionTable {
         }
         let last = LastCall {
             calls: audit.call,
+            turn: audit.turn,
+            turn_key: call.turn_key,
             items: call.prefix.len(),
             hash: call.prefix.last().copied().unwrap_or(0),
             prompt: figures.prompt,
@@ -147,12 +158,18 @@ fn judge(call: &SessionCall, f: &CallFigures, previous: Option<&LastCall>) -> Ca
     let Some(prev) = previous else {
         return CallAudit {
             call: 1,
+            turn: call.turn,
             verdict: "first_call",
             ..CallAudit::default()
         };
     };
+    let turn = match (call.turn_key, prev.turn_key, prev.turn) {
+        (Some(now), Some(before), Some(t)) => Some(if now == before { t } else { t + 1 }),
+        _ => call.turn,
+    };
     let mut audit = CallAudit {
         call: prev.calls.saturating_add(1),
+        turn,
         gap_ms: (f.start_ns >= prev.end_ns).then(|| (f.start_ns - prev.end_ns) as f64 / 1e6),
         ..CallAudit::default()
     };
@@ -198,6 +215,7 @@ mod tests {
             name: "s-1".into(),
             source: SessionSource::ClaudeHeader,
             turn: Some(1),
+            turn_key: None,
             prefix: prefix.to_vec(),
         }
     }
@@ -210,6 +228,23 @@ mod tests {
             completion: Some(c),
             cached,
         }
+    }
+
+    #[test]
+    fn codex_turn_ids_decide_the_turn_where_sent() {
+        let t = SessionTable::default();
+        let keyed = |prefix: &[u64], turn: u32, key: Option<u64>| SessionCall {
+            turn: Some(turn),
+            turn_key: key,
+            ..call(prefix)
+        };
+        let f = figs(0, 1, 10, 1, Some(0));
+        // The conversation says 1, 1, 1; the turn ids say a new turn at the third call.
+        assert_eq!(t.audit(&keyed(&[1], 1, Some(7)), f).turn, Some(1));
+        assert_eq!(t.audit(&keyed(&[1, 2], 1, Some(7)), f).turn, Some(1));
+        assert_eq!(t.audit(&keyed(&[1, 2, 3], 1, Some(8)), f).turn, Some(2));
+        // Without one, the conversation's rule.
+        assert_eq!(t.audit(&keyed(&[1, 2, 3, 4], 5, None), f).turn, Some(5));
     }
 
     #[test]
