@@ -21,6 +21,7 @@ pub mod parse;
 mod production_sweep;
 pub mod report;
 mod service_table;
+pub mod sessions;
 pub mod spill;
 pub mod steady;
 pub mod svg;

@@ -29,6 +29,7 @@ mod scope_slots;
 pub mod self_metrics;
 pub mod service_level;
 pub mod session_metrics;
+pub mod sessions;
 pub mod snapshot;
 mod stats;
 pub mod step_model;
