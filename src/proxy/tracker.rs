@@ -520,6 +520,7 @@ impl Tracker {
                         .completion_tokens
                         .filter(|_| record.tokens_source == crate::record::TokensSource::Usage),
                     cached: record.cached_prompt_tokens,
+                    upstream: self.upstream.as_ref().map(|l| l.index),
                 },
             );
             record.session = Some(call.name.clone());
