@@ -196,7 +196,7 @@ impl Session {
                     }
                 }
                 Item::ToolResult(id, t) => {
-                    input.push(json!({"type": "function_call_output", "call_id": id, "output": t}))
+                    input.push(json!({"type": "function_call_output", "call_id": id, "output": t}));
                 }
             }
         }
