@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::clock::UnixNanos;
+use crate::meter::histogram::LogHistogram;
 use crate::meter::sessions::{
     SessionBook, SessionCallFigures, SessionRow, SessionsOther, TOP_SESSIONS,
 };
@@ -30,6 +31,47 @@ pub struct Spread {
     pub p99_ms: Option<f64>,
     /// The largest.
     pub max_ms: Option<f64>,
+}
+
+/// TTFTs kept in bounded memory: a log histogram (percentiles within 0.5 %), their sum and
+/// maximum.
+#[derive(Debug, Default)]
+struct TtftAcc {
+    hist: LogHistogram,
+    sum: f64,
+    max: Option<f64>,
+}
+
+impl TtftAcc {
+    fn add(&mut self, v: f64) {
+        if !v.is_finite() {
+            return;
+        }
+        self.hist.record(v);
+        self.sum += v;
+        self.max = Some(self.max.map_or(v, |m| m.max(v)));
+    }
+
+    fn merge(&mut self, o: &TtftAcc) {
+        self.hist.merge(&o.hist);
+        self.sum += o.sum;
+        self.max = match (self.max, o.max) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    fn spread(&self) -> Spread {
+        let n = self.hist.count();
+        Spread {
+            count: n,
+            mean_ms: (n > 0).then(|| self.sum / n as f64),
+            p50_ms: self.hist.percentile(0.5),
+            p90_ms: self.hist.percentile(0.9),
+            p99_ms: self.hist.percentile(0.99),
+            max_ms: self.max,
+        }
+    }
 }
 
 impl Spread {
@@ -61,7 +103,7 @@ pub struct AuditSummary {
     pub cached_tokens: u64,
     /// Σ `prefix_lost_tokens` (the prompt tokens prefilled again).
     pub lost_tokens: u64,
-    /// TTFT of the `kept` calls.
+    /// TTFT of the `kept` calls (percentiles from a log histogram, within 0.5 %).
     pub ttft_kept: Spread,
     /// TTFT of the `lost` calls.
     pub ttft_lost: Spread,
@@ -93,8 +135,8 @@ pub struct SessionsAcc {
     book: SessionBook,
     turn_waits: HashMap<(String, u32), f64>,
     audit: AuditSummary,
-    ttft_kept: Vec<f64>,
-    ttft_lost: Vec<f64>,
+    ttft_kept: TtftAcc,
+    ttft_lost: TtftAcc,
     last_end: UnixNanos,
 }
 
@@ -104,8 +146,8 @@ impl Default for SessionsAcc {
             book: SessionBook::new(usize::MAX),
             turn_waits: HashMap::new(),
             audit: AuditSummary::default(),
-            ttft_kept: Vec::new(),
-            ttft_lost: Vec::new(),
+            ttft_kept: TtftAcc::default(),
+            ttft_lost: TtftAcc::default(),
             last_end: 0,
         }
     }
@@ -148,8 +190,8 @@ impl SessionsAcc {
             self.audit.lost_tokens += s.lost.unwrap_or(0);
             if let Some(t) = r.ttft_ms {
                 match verdict {
-                    "kept" => self.ttft_kept.push(t),
-                    _ => self.ttft_lost.push(t),
+                    "kept" => self.ttft_kept.add(t),
+                    _ => self.ttft_lost.add(t),
                 }
             }
         }
@@ -167,8 +209,8 @@ impl SessionsAcc {
         self.audit.expected_tokens += o.audit.expected_tokens;
         self.audit.cached_tokens += o.audit.cached_tokens;
         self.audit.lost_tokens += o.audit.lost_tokens;
-        self.ttft_kept.extend(o.ttft_kept);
-        self.ttft_lost.extend(o.ttft_lost);
+        self.ttft_kept.merge(&o.ttft_kept);
+        self.ttft_lost.merge(&o.ttft_lost);
         self.last_end = self.last_end.max(o.last_end);
     }
 
@@ -176,8 +218,8 @@ impl SessionsAcc {
     pub fn finish(&self) -> AnalyzeSessions {
         let view = self.book.view(self.last_end, TOP_SESSIONS);
         let mut audit = self.audit.clone();
-        audit.ttft_kept = Spread::of(self.ttft_kept.clone());
-        audit.ttft_lost = Spread::of(self.ttft_lost.clone());
+        audit.ttft_kept = self.ttft_kept.spread();
+        audit.ttft_lost = self.ttft_lost.spread();
         AnalyzeSessions {
             sessions: view.seen,
             calls: self.book.rows().map(|r| r.calls).sum(),
