@@ -316,7 +316,8 @@ pub struct RequestRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_lost_tokens: Option<u64>,
     /// The audit's verdict: `kept`, `lost`, `first_call`, `not_an_extension`, `usage_unknown`,
-    /// `cached_unknown` (the server reported no cached tokens); `null` without a session.
+    /// `cached_unknown` (the server reported no cached tokens, nor had an earlier call of the
+    /// session or of the same upstream); `null` without a session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_audit: Option<String>,
     /// The request's ITL samples, for the meter's windows and the Prometheus histogram; not

@@ -133,6 +133,7 @@ pub fn build(
         cold_starts,
         crosscheck,
         kv,
+        sessions: p.sessions.finish(),
         upstreams: Vec::new(),
     }
 }

@@ -159,6 +159,8 @@ pub struct Pass1 {
     slo: SloConfig,
     /// How the production curve placed the generation requests' tokens.
     pub placement: TokenPlacement,
+    /// Agent sessions.
+    pub sessions: super::sessions::SessionsAcc,
     scratch: RequestRecord,
     /// The current line's token curve.
     curve: Vec<u32>,
@@ -188,6 +190,7 @@ impl Default for Pass1 {
             server_samples: Vec::new(),
             slo: SloConfig::default(),
             placement: TokenPlacement::default(),
+            sessions: Default::default(),
             scratch: scratch_record(),
             curve: Vec::new(),
             spill: None,
@@ -227,6 +230,7 @@ impl Pass1 {
             return Ok(());
         }
         self.generation_requests += 1;
+        self.sessions.add(r, end);
         if let Some(u) = r.upstream.as_deref() {
             match self.upstreams.get_mut(u) {
                 Some(n) => *n += 1,
@@ -453,6 +457,7 @@ impl Pass1 {
         }
         self.server_samples.append(&mut other.server_samples);
         self.placement.merge(&other.placement);
+        self.sessions.merge(std::mem::take(&mut other.sessions));
         self.cold_starts.append(&mut other.cold_starts);
         self.cold_starts.sort_by_key(|c| c.ts_ns);
         self.cold_starts.truncate(COLD_STARTS_LISTED);

@@ -21,6 +21,7 @@ pub(crate) mod parse;
 mod production_sweep;
 pub mod report;
 mod service_table;
+pub mod sessions;
 pub(crate) mod spill;
 pub(crate) mod steady;
 pub mod svg;

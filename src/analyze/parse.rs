@@ -77,6 +77,15 @@ struct RawLine<'a> {
     slo_miss: Option<crate::slo::SloMiss>,
     #[serde(borrow)]
     token_curve: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    session: Option<Str<'a>>,
+    session_source: Option<crate::record::SessionSource>,
+    turn: Option<u32>,
+    session_gap_ms: Option<f64>,
+    prefix_expected_tokens: Option<u64>,
+    prefix_lost_tokens: Option<u64>,
+    #[serde(borrow)]
+    prefix_audit: Option<Str<'a>>,
 }
 
 /// A key that is present, whatever its value (`null` included).
@@ -169,6 +178,27 @@ pub struct LeanRecord<'a> {
     /// The `token_curve` array's text, checked by [`curve_values`]; `None` when the line has
     /// none (`null`, or written before the field).
     pub token_curve: Option<&'a str>,
+    /// The agent session's fields (docs/sessions.md); `None` for a line without a session.
+    pub session: Option<LeanSession<'a>>,
+}
+
+/// A line's session fields.
+#[derive(Debug, Clone)]
+pub struct LeanSession<'a> {
+    /// The pseudonym.
+    pub name: Cow<'a, str>,
+    /// Where it came from.
+    pub source: Option<crate::record::SessionSource>,
+    /// The turn.
+    pub turn: Option<u32>,
+    /// `session_gap_ms`.
+    pub gap_ms: Option<f64>,
+    /// `prefix_expected_tokens`.
+    pub expected: Option<u64>,
+    /// `prefix_lost_tokens`.
+    pub lost: Option<u64>,
+    /// `prefix_audit`.
+    pub audit: Option<Cow<'a, str>>,
 }
 
 /// Calls `value` for each number of a `token_curve` array's text; whether the text is a curve
@@ -293,6 +323,15 @@ pub fn parse_line(line: &[u8]) -> Parsed<'_> {
         slo_miss: raw.slo_miss,
         cold_start: cold,
         token_curve,
+        session: raw.session.map(|name| LeanSession {
+            name: name.0,
+            source: raw.session_source,
+            turn: raw.turn,
+            gap_ms: raw.session_gap_ms,
+            expected: raw.prefix_expected_tokens,
+            lost: raw.prefix_lost_tokens,
+            audit: raw.prefix_audit.map(|a| a.0),
+        }),
     })
 }
 

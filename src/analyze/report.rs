@@ -48,6 +48,9 @@ pub struct Report {
     pub crosscheck: Option<CrossCheck>,
     /// KV-cache figures from the log's requests and `server_sample` lines (`docs/kv-cache.md`).
     pub kv: super::kv::AnalyzeKv,
+    /// Agent sessions: the table, the wait per turn and the prefix-cache audit
+    /// (docs/sessions.md).
+    pub sessions: super::sessions::AnalyzeSessions,
     /// One capacity curve per upstream replica when the lines name more than one (each rebuilt
     /// from that replica's records alone, so N is its own concurrency); empty otherwise.
     pub upstreams: Vec<UpstreamCapacity>,

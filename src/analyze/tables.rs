@@ -400,6 +400,7 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
         ),
         grid(&["Arrival", "User", "TTFT ms", "E2E ms"], &cold),
     ));
+    out.extend(super::sessions::sections(&r.sessions));
     if let Some(c) = &r.crosscheck {
         out.push((
             format!(

@@ -132,7 +132,7 @@ pub fn start_traffic(
                         .collect();
                     // One session after another (turnover): each of some turns, each turn of
                     // some calls, every call resending the conversation it extends.
-                    loop {
+                    for _ in 0..spec.sessions_per_agent.unwrap_or(u64::MAX) {
                         let mut session =
                             Session::new(api, system.clone(), device.clone(), &mut rng);
                         let turns = spec.turns_per_session.sample(&mut rng).max(1);
@@ -150,10 +150,10 @@ pub fn start_traffic(
                             for call in 0..calls {
                                 if call > 0 {
                                     let words = spec.prompt_words.sample(&mut rng) / 4;
-                                    session.tool_result(format!(
-                                        "Tool output:{}",
-                                        &prompt_of(seq, words)[..]
-                                    ));
+                                    session.tool_result(
+                                        format!("Tool output:{}", &prompt_of(seq, words)[..]),
+                                        &mut rng,
+                                    );
                                 }
                                 let seq = started_n.fetch_add(1, Ordering::Relaxed) as usize;
                                 if seq >= MAX_STARTED {
@@ -268,7 +268,9 @@ pub async fn run_agents(
         tokio::select! {
             biased;
             _ = &mut sleep => break,
-            Some(r) = traffic.results.recv() => {
+            r = traffic.results.recv() => {
+                // None: every agent has run its sessions.
+                let Some(r) = r else { break };
                 max_in_flight = max_in_flight.max(in_flight.load(Ordering::Relaxed) as usize + 1);
                 results.push(r);
             }

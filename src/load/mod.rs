@@ -152,6 +152,10 @@ pub struct LoadArgs {
     /// Calls per turn (the first carries the user's message, each later one a tool result).
     #[arg(long, default_value = "1..3", value_parser = Dist::parse)]
     pub calls_per_turn: Dist,
+    /// Sessions each agent runs, then stops; the run ends when all have (or at --duration), so
+    /// no call is cut at the deadline.
+    #[arg(long)]
+    pub sessions_per_agent: Option<u64>,
     /// Seed of the agents' draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -349,6 +353,7 @@ impl TryFrom<LoadArgs> for LoadOptions {
             seed: a.seed,
             turns_per_session: a.turns_per_session,
             calls_per_turn: a.calls_per_turn,
+            sessions_per_agent: a.sessions_per_agent,
         };
         let method = if let Some(agents) = a.agents {
             LoadMethod::Agents {

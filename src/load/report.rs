@@ -283,6 +283,9 @@ pub struct AgentSpec {
     pub turns_per_session: Dist,
     /// Calls per turn: the first carries the user's message, each later one a tool result.
     pub calls_per_turn: Dist,
+    /// Sessions each agent runs before it stops (`None`: until the deadline). With it the run
+    /// ends when every agent has finished, so no call is cut at the deadline.
+    pub sessions_per_agent: Option<u64>,
     /// Seed of every draw, so a run can be repeated.
     pub seed: u64,
 }
@@ -300,6 +303,7 @@ impl Default for AgentSpec {
             stream_share: 1.0,
             turns_per_session: Dist::Uniform { min: 1, max: 4 },
             calls_per_turn: Dist::Uniform { min: 1, max: 3 },
+            sessions_per_agent: None,
             seed: 1,
         }
     }

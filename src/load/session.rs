@@ -30,9 +30,23 @@ pub fn uuid(rng: &mut impl Rng, version: u8) -> String {
 #[derive(Debug, Clone)]
 enum Item {
     User(String),
-    Assistant(String),
-    ToolResult(String),
+    /// The model's answer, and the tool call the agent made of it when a tool's result follows.
+    Assistant(String, Option<String>),
+    /// A tool's result: the call's id and the output.
+    ToolResult(String, String),
 }
+
+/// The tool every load agent calls, by API: Codex's, Claude Code's, a plain SDK's.
+fn tool_name(api: Api) -> &'static str {
+    match api {
+        Api::Responses => "exec_command",
+        Api::Messages => "Bash",
+        _ => "run",
+    }
+}
+
+/// The arguments of the tool call (a JSON object, as a string where the API sends one).
+const TOOL_ARGS: &str = r#"{"cmd":"ls"}"#;
 
 /// One agent's session in progress.
 #[derive(Debug, Clone)]
@@ -76,12 +90,22 @@ impl Session {
 
     /// The answer of the last call, as the next call resends it.
     pub fn assistant(&mut self, text: String) {
-        self.items.push(Item::Assistant(text));
+        self.items.push(Item::Assistant(text, None));
     }
 
-    /// A tool's output, continuing the turn.
-    pub fn tool_result(&mut self, text: String) {
-        self.items.push(Item::ToolResult(text));
+    /// A tool's output, continuing the turn, in each API's own form as the agents send it
+    /// (chat `role: "tool"`, Responses `function_call_output`, Messages `tool_result` blocks):
+    /// the answer before it becomes the tool call it answers (the simulator answers in text;
+    /// the agent's call is `run`/`exec_command`/`Bash` with the same arguments).
+    pub fn tool_result(&mut self, text: String, rng: &mut impl Rng) {
+        let id = format!("call_{:016x}", rng.gen::<u64>());
+        match self.items.last_mut() {
+            Some(Item::Assistant(_, call)) => *call = Some(id.clone()),
+            _ => self
+                .items
+                .push(Item::Assistant(String::new(), Some(id.clone()))),
+        }
+        self.items.push(Item::ToolResult(id, text));
     }
 
     /// The path of the next call (Claude Code asks with `?beta=true`).
@@ -139,9 +163,14 @@ impl Session {
 
     fn chat_body(&self, max_tokens: u32) -> Value {
         let mut msgs = vec![json!({"role": "system", "content": self.system})];
+        let name = tool_name(self.api);
         msgs.extend(self.items.iter().map(|it| match it {
-            Item::User(t) | Item::ToolResult(t) => json!({"role": "user", "content": t}),
-            Item::Assistant(t) => json!({"role": "assistant", "content": t}),
+            Item::User(t) => json!({"role": "user", "content": t}),
+            Item::Assistant(t, None) => json!({"role": "assistant", "content": t}),
+            Item::Assistant(t, Some(id)) => json!({"role": "assistant", "content": t,
+                "tool_calls": [{"id": id, "type": "function",
+                                "function": {"name": name, "arguments": TOOL_ARGS}}]}),
+            Item::ToolResult(id, t) => json!({"role": "tool", "tool_call_id": id, "content": t}),
         }));
         json!({ "messages": msgs, "max_tokens": max_tokens })
     }
@@ -152,14 +181,25 @@ impl Session {
         let text = |kind: &str, t: &str| json!([{"type": kind, "text": t}]);
         let mut input = vec![json!({"type": "message", "role": "developer",
                                     "content": text("input_text", &self.system)})];
-        input.extend(self.items.iter().map(|it| match it {
-            Item::User(t) | Item::ToolResult(t) => {
-                json!({"type": "message", "role": "user", "content": text("input_text", t)})
+        let name = tool_name(self.api);
+        for it in &self.items {
+            match it {
+                Item::User(t) => input.push(
+                    json!({"type": "message", "role": "user", "content": text("input_text", t)}),
+                ),
+                Item::Assistant(t, call) => {
+                    input.push(json!({"type": "message", "role": "assistant",
+                                      "content": text("output_text", t)}));
+                    if let Some(id) = call {
+                        input.push(json!({"type": "function_call", "name": name,
+                                          "arguments": TOOL_ARGS, "call_id": id}));
+                    }
+                }
+                Item::ToolResult(id, t) => {
+                    input.push(json!({"type": "function_call_output", "call_id": id, "output": t}));
+                }
             }
-            Item::Assistant(t) => {
-                json!({"type": "message", "role": "assistant", "content": text("output_text", t)})
-            }
-        }));
+        }
         json!({ "input": input, "store": false, "prompt_cache_key": self.id })
     }
 
@@ -173,16 +213,33 @@ impl Session {
             .iter()
             .enumerate()
             .map(|(i, it)| {
-                let (role, t) = match it {
-                    Item::User(t) | Item::ToolResult(t) => ("user", t),
-                    Item::Assistant(t) => ("assistant", t),
-                };
-                let content = if i == last {
-                    json!([{"type": "text", "text": t, "cache_control": {"type": "ephemeral"}}])
-                } else {
-                    Value::from(t.as_str())
-                };
-                json!({"role": role, "content": content})
+                let cache = (i == last).then(|| json!({"type": "ephemeral"}));
+                match it {
+                    Item::User(t) | Item::Assistant(t, None) => {
+                        let role = if matches!(it, Item::User(_)) {
+                            "user"
+                        } else {
+                            "assistant"
+                        };
+                        let content = match cache {
+                            Some(c) => json!([{"type": "text", "text": t, "cache_control": c}]),
+                            None => Value::from(t.as_str()),
+                        };
+                        json!({"role": role, "content": content})
+                    }
+                    Item::Assistant(t, Some(id)) => json!({"role": "assistant", "content": [
+                        {"type": "text", "text": t},
+                        {"type": "tool_use", "id": id, "name": tool_name(self.api),
+                         "input": serde_json::from_str::<Value>(TOOL_ARGS).unwrap_or_default()}]}),
+                    Item::ToolResult(id, t) => {
+                        let mut block = json!({"type": "tool_result", "tool_use_id": id,
+                                               "content": t});
+                        if let Some(c) = cache {
+                            block["cache_control"] = c;
+                        }
+                        json!({"role": "user", "content": [block]})
+                    }
+                }
             })
             .collect();
         let user_id =
@@ -200,7 +257,7 @@ impl Session {
         let mut p = self.system.clone();
         for it in &self.items {
             match it {
-                Item::User(t) | Item::ToolResult(t) | Item::Assistant(t) => p.push_str(t),
+                Item::User(t) | Item::ToolResult(_, t) | Item::Assistant(t, _) => p.push_str(t),
             }
         }
         p
@@ -383,18 +440,23 @@ mod tests {
         s.user("list files".into(), &mut rng);
         let a: Value = serde_json::from_slice(&s.body("m", 10, true, false)).unwrap();
         s.assistant("ls".into());
-        s.tool_result("README.md".into());
+        s.tool_result("README.md".into(), &mut rng);
         let b: Value = serde_json::from_slice(&s.body("m", 10, true, false)).unwrap();
         assert_eq!(a["messages"][0]["content"][0]["text"], "list files");
         assert_eq!(
             b["messages"][0]["content"], "list files",
             "a string once not last"
         );
-        assert_eq!(b["messages"][1]["content"], "ls");
+        assert_eq!(b["messages"][1]["content"][0]["text"], "ls");
+        let call = &b["messages"][1]["content"][1];
         assert_eq!(
-            b["messages"][2]["content"][0]["cache_control"]["type"],
-            "ephemeral"
+            (&call["type"], &call["name"]),
+            (&json!("tool_use"), &json!("Bash"))
         );
+        let result = &b["messages"][2]["content"][0];
+        assert_eq!(result["type"], "tool_result");
+        assert_eq!(result["tool_use_id"], call["id"]);
+        assert_eq!(result["cache_control"]["type"], "ephemeral");
         let uid: Value = serde_json::from_str(b["metadata"]["user_id"].as_str().unwrap()).unwrap();
         assert_eq!(uid["session_id"], s.id.as_str());
         assert_eq!(s.path(), "/v1/messages?beta=true");

@@ -18,6 +18,7 @@ use super::prometheus::{PromState, Slot};
 use super::scope::Scope;
 use super::scope_slots::{ScopeSlot, Scopes};
 use super::service_level::VerdictsByLevel;
+use super::sessions::{SessionBook, SessionCallFigures, MAX_TRACKED_SESSIONS};
 use super::timeline::{generation_interval, second_of};
 
 #[derive(Debug, Clone)]
@@ -63,6 +64,8 @@ pub struct Meter {
     /// The last scrape's KV-cache series and usage fraction, whether or not the cross-check
     /// keeps samples.
     pub(super) last_kv: Option<(crate::scrape::KvValues, Option<f64>)>,
+    /// Agent sessions' figures (`/stats` `sessions`).
+    pub(super) sessions: SessionBook,
 }
 
 /// Hashes request ids with one multiplication. The ids are the proxy's own counters, chosen by
@@ -122,6 +125,7 @@ impl Meter {
             last_tick_sec: origin_sec,
             server: None,
             last_kv: None,
+            sessions: SessionBook::new(MAX_TRACKED_SESSIONS),
         }
     }
 
@@ -349,6 +353,9 @@ impl Meter {
         let open = id.and_then(|id| self.open.remove(&id));
         if !record.is_generation() && open.is_none() {
             return;
+        }
+        if let Some(f) = SessionCallFigures::of(record) {
+            self.sessions.add(&f);
         }
         let floor = self.floor(second_of(now));
         let (user, model, attributed, started) = match &open {

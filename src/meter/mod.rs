@@ -29,6 +29,7 @@ mod scope_slots;
 pub(crate) mod self_metrics;
 pub(crate) mod service_level;
 pub(crate) mod session_metrics;
+pub mod sessions;
 pub(crate) mod snapshot;
 mod stats;
 pub(crate) mod step_model;

@@ -133,6 +133,9 @@ pub struct StatsSnapshot {
     /// KV-cache figures: contexts, the live table, the live estimate and the headroom
     /// (`docs/kv-cache.md`).
     pub kv: super::kv::KvView,
+    /// Agent sessions: active, seen, the top ones by time waited on the model
+    /// (docs/sessions.md).
+    pub sessions: super::sessions::SessionsView,
     /// Access-log counters (filled by the caller).
     pub access_log: AccessLogView,
     /// The scraper of the upstream's `/metrics` (filled by the caller); `null` when scraping

@@ -114,6 +114,7 @@ impl Meter {
             },
             service_level,
             kv,
+            sessions: self.sessions.view(now, super::sessions::TOP_SESSIONS),
             access_log: AccessLogView::default(),
             server_scrape: None,
             upstreams: Vec::new(),

@@ -180,6 +180,9 @@ async fn forward(
     let session_header = metered
         .then(|| crate::proxy::session::from_headers(&parts.headers))
         .flatten();
+    let turn_key = metered
+        .then(|| crate::proxy::session::codex_turn(&parts.headers))
+        .flatten();
     let meta = tracker.meta_mut();
     meta.bytes_in = body.len() as u64;
 
@@ -199,6 +202,7 @@ async fn forward(
                 header: session_header,
                 body: info.session.clone(),
                 conversation: info.conversation.clone().map(|r| body.slice(r)),
+                turn_key,
             });
         }
         let asks = api.dialect().stream_usage() == StreamUsage::IncludeUsageOption;

@@ -44,6 +44,17 @@ pub fn from_headers(headers: &HeaderMap) -> Option<(SessionSource, String)> {
     valid_id(&id).then(|| (SessionSource::CodexHeader, id.into_owned()))
 }
 
+/// The turn Codex names in `x-codex-turn-metadata` (its `turn_id`), as a hash: two calls of a
+/// session with the same one are in the same turn.
+pub fn codex_turn(headers: &HeaderMap) -> Option<u64> {
+    let meta = headers.get("x-codex-turn-metadata")?.to_str().ok()?;
+    let ids: Ids<'_> = serde_json::from_str(meta).ok()?;
+    let turn = ids.turn_id.filter(|t| valid_id(t))?;
+    let mut h = std::hash::DefaultHasher::new();
+    turn.hash(&mut h);
+    Some(h.finish())
+}
+
 fn valid_id(id: &str) -> bool {
     !id.trim().is_empty() && id.len() <= MAX_ID_LEN
 }
@@ -55,6 +66,8 @@ struct Ids<'a> {
     session_id: Option<std::borrow::Cow<'a, str>>,
     #[serde(default, borrow)]
     thread_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    turn_id: Option<std::borrow::Cow<'a, str>>,
     #[serde(default, borrow)]
     device_id: Option<std::borrow::Cow<'a, str>>,
     #[serde(default, borrow)]
@@ -268,8 +281,11 @@ pub struct SessionCall {
     pub name: String,
     /// Where it came from.
     pub source: SessionSource,
-    /// The turn, when the request carries a conversation.
+    /// The turn by the conversation's rule, when the request carries a conversation (the
+    /// session table may take it from Codex's `turn_id` instead).
     pub turn: Option<u32>,
+    /// Codex's `turn_id`, hashed ([`codex_turn`]), when sent.
+    pub turn_key: Option<u64>,
     /// The hash of each prefix of the conversation ([`Conversation::prefix`]); empty without
     /// one.
     pub prefix: Vec<u64>,
@@ -281,6 +297,7 @@ pub fn identify(
     header: Option<(SessionSource, String)>,
     body: Option<(SessionSource, String)>,
     conversation: Option<Conversation>,
+    turn_key: Option<u64>,
 ) -> Option<SessionCall> {
     let (source, name) = match header.or(body) {
         Some((source, raw)) => (source, pseudonym(&raw)),
@@ -295,6 +312,7 @@ pub fn identify(
         name,
         source,
         turn,
+        turn_key,
         prefix,
     })
 }
@@ -361,8 +379,10 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(
             "x-codex-turn-metadata",
-            r#"{"session_id":"m"}"#.parse().unwrap(),
+            r#"{"session_id":"m","turn_id":"t1"}"#.parse().unwrap(),
         );
+        let t1 = codex_turn(&h);
+        assert!(t1.is_some());
         assert_eq!(
             from_headers(&h),
             Some((SessionSource::CodexHeader, "m".to_string()))

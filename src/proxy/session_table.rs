@@ -23,6 +23,12 @@ pub const BLOCK_TOKENS: u64 = 16;
 struct LastCall {
     /// Calls seen in the session so far.
     calls: u32,
+    /// Whether a call of the session has reported cached prompt tokens: the server's switch is
+    /// on, so a later call without the field had none cached (vLLM writes it only when > 0).
+    reports_cached: bool,
+    /// Its turn, and Codex's `turn_id` (hashed) when sent.
+    turn: Option<u32>,
+    turn_key: Option<u64>,
     /// The conversation's item count and its whole hash.
     items: usize,
     hash: u64,
@@ -38,6 +44,10 @@ struct LastCall {
 pub struct CallAudit {
     /// The call's rank in its session, from 1 (as far as this proxy remembers).
     pub call: u32,
+    /// The call's turn: the previous call's when both carry the same Codex `turn_id`, the next
+    /// one when both carry one and they differ, else the conversation's rule
+    /// ([`SessionCall::turn`]).
+    pub turn: Option<u32>,
     /// Milliseconds from the end of the session's previous call to this call's arrival (tools,
     /// thinking, the human); `null` for a first call or when the calls overlapped.
     pub gap_ms: Option<f64>,
@@ -50,7 +60,9 @@ pub struct CallAudit {
     pub lost: Option<u64>,
     /// The audit's verdict: `kept`, `lost`, `first_call`, `not_an_extension`, `usage_unknown`
     /// (a usage of this or the previous call is missing), `cached_unknown` (the server did not
-    /// report cached tokens: vLLM needs `--enable-prompt-tokens-details`).
+    /// report cached tokens, and neither did an earlier call of the session nor any call the
+    /// same upstream answered: vLLM needs
+    /// `--enable-prompt-tokens-details`, and leaves the field out when it is 0).
     pub verdict: &'static str,
 }
 
@@ -67,6 +79,8 @@ pub struct CallFigures {
     pub completion: Option<u64>,
     /// Cached prompt tokens from the usage.
     pub cached: Option<u64>,
+    /// The index of the upstream that answered, when one did.
+    pub upstream: Option<usize>,
 }
 
 /// The sessions seen, by pseudonym.
@@ -79,6 +93,9 @@ pub struct SessionTable {
 struct Inner {
     sessions: HashMap<String, LastCall>,
     tick: u64,
+    /// Bit i: a call answered by upstream i (of the first 64) has reported cached tokens, so
+    /// that server's switch is on.
+    reporting_upstreams: u64,
 }
 
 impl SessionTable {
@@ -91,7 +108,15 @@ impl SessionTable {
         inner.tick += 1;
         let tick = inner.tick;
         let previous = inner.sessions.get(&call.name).copied();
-        let audit = judge(call, &figures, previous.as_ref());
+        let bit = figures
+            .upstream
+            .filter(|i| *i < 64)
+            .map_or(0, |i| 1u64 << i);
+        let server_reports = inner.reporting_upstreams & bit != 0;
+        if figures.cached.is_some() {
+            inner.reporting_upstreams |= bit;
+        }
+        let audit = judge(call, &figures, previous.as_ref(), server_reports);
         if previous.is_none() && inner.sessions.len() >= MAX_SESSIONS {
             let oldest = inner
                 .sessions
@@ -108,6 +133,9 @@ impl SessionTable {
             if let Some(slot) = inner.sessions.get_mut(&call.name) {
                 *slot = LastCall {
                     calls: audit.call,
+                    reports_cached: prev.reports_cached || figures.cached.is_some(),
+                    turn: audit.turn,
+                    turn_key: call.turn_key,
                     seen: tick,
                     ..prev
                 };
@@ -116,6 +144,9 @@ impl SessionTable {
         }
         let last = LastCall {
             calls: audit.call,
+            reports_cached: previous.is_some_and(|p| p.reports_cached) || figures.cached.is_some(),
+            turn: audit.turn,
+            turn_key: call.turn_key,
             items: call.prefix.len(),
             hash: call.prefix.last().copied().unwrap_or(0),
             prompt: figures.prompt,
@@ -143,16 +174,27 @@ impl SessionTable {
     }
 }
 
-fn judge(call: &SessionCall, f: &CallFigures, previous: Option<&LastCall>) -> CallAudit {
+fn judge(
+    call: &SessionCall,
+    f: &CallFigures,
+    previous: Option<&LastCall>,
+    server_reports: bool,
+) -> CallAudit {
     let Some(prev) = previous else {
         return CallAudit {
             call: 1,
+            turn: call.turn,
             verdict: "first_call",
             ..CallAudit::default()
         };
     };
+    let turn = match (call.turn_key, prev.turn_key, prev.turn) {
+        (Some(now), Some(before), Some(t)) => Some(if now == before { t } else { t + 1 }),
+        _ => call.turn,
+    };
     let mut audit = CallAudit {
         call: prev.calls.saturating_add(1),
+        turn,
         gap_ms: (f.start_ns >= prev.end_ns).then(|| (f.start_ns - prev.end_ns) as f64 / 1e6),
         ..CallAudit::default()
     };
@@ -169,7 +211,12 @@ fn judge(call: &SessionCall, f: &CallFigures, previous: Option<&LastCall>) -> Ca
     };
     let expected = expected_cached(pp + pc, prompt);
     audit.expected_cached = Some(expected);
-    match f.cached {
+    // vLLM leaves the cached count out when it is 0: once the session's calls or the server
+    // that answered have shown it, its absence is 0 (a total loss), not unknown.
+    match f
+        .cached
+        .or((prev.reports_cached || server_reports).then_some(0))
+    {
         None => audit.verdict = "cached_unknown",
         Some(cached) => {
             let lost = expected.saturating_sub(cached);
@@ -198,6 +245,7 @@ mod tests {
             name: "s-1".into(),
             source: SessionSource::ClaudeHeader,
             turn: Some(1),
+            turn_key: None,
             prefix: prefix.to_vec(),
         }
     }
@@ -209,7 +257,25 @@ mod tests {
             prompt: Some(p),
             completion: Some(c),
             cached,
+            upstream: None,
         }
+    }
+
+    #[test]
+    fn codex_turn_ids_decide_the_turn_where_sent() {
+        let t = SessionTable::default();
+        let keyed = |prefix: &[u64], turn: u32, key: Option<u64>| SessionCall {
+            turn: Some(turn),
+            turn_key: key,
+            ..call(prefix)
+        };
+        let f = figs(0, 1, 10, 1, Some(0));
+        // The conversation says 1, 1, 1; the turn ids say a new turn at the third call.
+        assert_eq!(t.audit(&keyed(&[1], 1, Some(7)), f).turn, Some(1));
+        assert_eq!(t.audit(&keyed(&[1, 2], 1, Some(7)), f).turn, Some(1));
+        assert_eq!(t.audit(&keyed(&[1, 2, 3], 1, Some(8)), f).turn, Some(2));
+        // Without one, the conversation's rule.
+        assert_eq!(t.audit(&keyed(&[1, 2, 3, 4], 5, None), f).turn, Some(5));
     }
 
     #[test]
@@ -256,11 +322,45 @@ mod tests {
             &call(&[9, 9, 9, 9, 9, 9, 7]),
             figs(12_000_000, 13_000_000, 50, 1, None),
         );
+        // The session's calls reported cached tokens before: none reported now is 0.
         assert_eq!(
             (e.verdict, e.expected_cached, e.lost),
-            ("cached_unknown", Some(0), None)
+            ("kept", Some(0), Some(0))
         );
         assert_eq!(t.len(), 1);
+        // A session whose calls reported cached tokens: a call without the field had none.
+        let t2 = SessionTable::default();
+        t2.audit(&call(&[1]), figs(0, 1, 100, 20, None));
+        let f = t2.audit(&call(&[1, 2]), figs(2, 3, 120, 10, None));
+        assert_eq!(
+            (f.verdict, f.lost),
+            ("cached_unknown", None),
+            "no report yet"
+        );
+        let g = t2.audit(&call(&[1, 2, 2]), figs(2, 3, 150, 10, Some(128)));
+        assert_eq!(g.verdict, "kept");
+        let h = t2.audit(&call(&[1, 2, 2, 3]), figs(4, 5, 200, 10, None));
+        assert_eq!(
+            (h.verdict, h.expected_cached, h.lost),
+            ("lost", Some(160), Some(160))
+        );
+        // Another session on an upstream that has reported cached tokens: absent is 0.
+        let on = |start, cached| CallFigures {
+            upstream: Some(3),
+            ..figs(start, start + 1, 100, 20, cached)
+        };
+        let other = |prefix: &[u64]| SessionCall {
+            name: "s-2".into(),
+            ..call(prefix)
+        };
+        let third = SessionCall {
+            name: "s-3".into(),
+            ..call(&[9])
+        };
+        t2.audit(&third, on(8, Some(0)));
+        t2.audit(&other(&[5]), on(10, None));
+        let i = t2.audit(&other(&[5, 6]), on(12, None));
+        assert_eq!((i.verdict, i.lost), ("lost", Some(96)));
         for v in [a, b, c, d, e] {
             assert!(crate::record::PREFIX_AUDIT_VERDICTS.contains(&v.verdict));
         }

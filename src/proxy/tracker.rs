@@ -65,6 +65,8 @@ pub struct SessionClues {
     pub body: Option<(SessionSource, String)>,
     /// The body's conversation, unread.
     pub conversation: Option<bytes::Bytes>,
+    /// Codex's `turn_id`, hashed, when the head carries one.
+    pub turn_key: Option<u64>,
 }
 
 /// What fills the meta's identity (user, user agent, trace) from the request's head, given the
@@ -220,8 +222,12 @@ impl Tracker {
                     .ok()
                     .and_then(Conversation::read)
             });
-            self.meta.session =
-                crate::proxy::session::identify(clues.header, clues.body, conversation);
+            self.meta.session = crate::proxy::session::identify(
+                clues.header,
+                clues.body,
+                conversation,
+                clues.turn_key,
+            );
         }
     }
 
@@ -514,11 +520,12 @@ impl Tracker {
                         .completion_tokens
                         .filter(|_| record.tokens_source == crate::record::TokensSource::Usage),
                     cached: record.cached_prompt_tokens,
+                    upstream: self.upstream.as_ref().map(|l| l.index),
                 },
             );
             record.session = Some(call.name.clone());
             record.session_source = Some(call.source);
-            record.turn = call.turn;
+            record.turn = audit.turn;
             record.session_call = Some(audit.call);
             record.session_gap_ms = audit.gap_ms;
             record.prefix_expected_tokens = audit.expected_cached;

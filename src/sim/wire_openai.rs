@@ -337,7 +337,7 @@ fn chat_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError>
     };
     let mut texts = Vec::with_capacity(msgs.len());
     for m in msgs {
-        let text = match m.get("content") {
+        let mut text = match m.get("content") {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(parts)) => parts
                 .iter()
@@ -345,6 +345,18 @@ fn chat_prompt(obj: &Map<String, Value>) -> Result<(Vec<String>, u64), ApiError>
                 .collect::<String>(),
             _ => String::new(),
         };
+        // An assistant's tool calls are read after its text, as the chat template writes them
+        // (a `role: "tool"` result's text is its `content`).
+        for call in m
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(args) = call.pointer("/function/arguments").and_then(Value::as_str) {
+                text.push_str(args);
+            }
+        }
         texts.push(text);
     }
     let tokens = prompt::chat_prompt_tokens(texts.iter().map(String::as_str));

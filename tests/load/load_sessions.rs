@@ -206,7 +206,39 @@ async fn agents_send_their_session_identity_and_extend_the_conversation() {
                     "{api:?}: a call resends the previous"
                 );
                 assert_eq!(next[prev.len()], "done", "then the previous answer");
-                assert_eq!(next.len(), prev.len() + 2, "and one new item");
+                // Then a user's message (a new turn), or the tool call and its result in the
+                // API's own form.
+                let items = match api {
+                    Api::Responses => &w[1].body["input"],
+                    _ => &w[1].body["messages"],
+                };
+                let new: Vec<&Value> = items.as_array().unwrap()[prev.len()..].iter().collect();
+                let tool = |v: &Value| match api {
+                    Api::Responses => v["type"] == "function_call_output",
+                    Api::Messages => v["content"][0]["type"] == "tool_result",
+                    _ => v["role"] == "tool",
+                };
+                let last = new[new.len() - 1];
+                if tool(last) {
+                    let (call, id) = match api {
+                        Api::Responses => (new[1]["call_id"].clone(), last["call_id"].clone()),
+                        Api::Messages => (
+                            new[0]["content"][1]["id"].clone(),
+                            last["content"][0]["tool_use_id"].clone(),
+                        ),
+                        _ => (
+                            new[0]["tool_calls"][0]["id"].clone(),
+                            last["tool_call_id"].clone(),
+                        ),
+                    };
+                    assert!(call.is_string(), "{api:?}: the tool call {new:?}");
+                    assert_eq!(call, id, "{api:?}: the result answers the call");
+                    let n = if api == Api::Responses { 3 } else { 2 };
+                    assert_eq!(new.len(), n, "{api:?}: {new:?}");
+                } else {
+                    assert_eq!(last["role"], "user", "{api:?}: {last}");
+                    assert_eq!(new.len(), 2, "{api:?}: the answer and the user's message");
+                }
             }
         }
         // The truth record adds up: finished calls, turns of 2 calls, 7 cached tokens each.

@@ -24,3 +24,4 @@ mod meter_timeline;
 mod meter_vs_sim;
 mod meter_windows;
 mod service_level;
+mod sessions_vs_sim;

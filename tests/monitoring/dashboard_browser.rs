@@ -271,6 +271,24 @@ async fn the_page_shows_what_stats_said_in_the_snapshot_it_drew() {
         agrees("user in flight", &r[7], &users[ranked[i].0]["in_flight"], 0);
     }
 
+    // Agent sessions: /stats' top sessions by wait, in its order, then the rest summed.
+    let sess = &snap["sessions"];
+    let top = sess["top"].as_array().unwrap();
+    let folded = sess["other"]["sessions"].as_u64().unwrap();
+    let table = rows(&dom, "sessions");
+    assert_eq!(table.len(), top.len() + usize::from(folded > 0));
+    assert!(text_at(&dom, "id=\"sessions_sub\"").starts_with(&format!("{} active", sess["active"])));
+    for (r, t) in table.iter().zip(top) {
+        assert_eq!(r[0], t["session"].as_str().unwrap());
+        agrees("session calls", &r[2], &t["calls"], 0);
+        let wait_s = t["wait_ms"].as_f64().unwrap() / 1e3;
+        agrees("session wait s", &r[4], &serde_json::json!(wait_s), 2);
+        agrees("session slowest", &r[10], &t["slowest_wait_ms"], 0);
+    }
+    if folded > 0 {
+        assert_eq!(table[top.len()][0], format!("other ({folded} sessions)"));
+    }
+
     // The capacity curve.
     let cap = snap["capacity"].as_array().unwrap();
     assert!(!cap.is_empty(), "no steady second in the curve");

@@ -77,7 +77,8 @@ fn sse(body: String) -> Script {
 
 /// The usage each of the six calls answers with: (prompt, output, cached). Call 2 extends call
 /// 1 (1000 + 20 reusable: 1008 in whole blocks) and the server kept it all; call 4 extends call
-/// 3 but the server kept only 512; calls 5 and 6 report no cached count.
+/// 3 but the server kept only 512; calls 5 and 6 report no cached count: vLLM leaves it out
+/// when it is 0, and the session's calls showed it before, so the audit reads a total loss.
 const USAGE: [(u64, u64, Option<u64>); 6] = [
     (1000, 20, Some(0)),
     (1100, 30, Some(1008)),
@@ -96,11 +97,11 @@ async fn replay(
     replay_with_metrics(agent, edit).await.0
 }
 
-/// [`replay`], with the proxy's Prometheus exposition after the six calls.
+/// [`replay`], with the proxy's Prometheus exposition and `/stats` after the six calls.
 async fn replay_with_metrics(
     agent: &str,
     edit: impl Fn(&mut Vec<(String, String)>, &mut String),
-) -> (Vec<serde_json::Value>, String) {
+) -> (Vec<serde_json::Value>, String, serde_json::Value) {
     let scripts = USAGE
         .iter()
         .map(|&(i, o, c)| match agent {
@@ -130,7 +131,9 @@ async fn replay_with_metrics(
     }
     let get = b"GET /stats/metrics HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n";
     let metrics = String::from_utf8(raw_request(proxy.addr, get).await.body).unwrap();
-    (proxy.finish().await, metrics)
+    let get = b"GET /stats HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n";
+    let stats = serde_json::from_slice(&raw_request(proxy.addr, get).await.body).unwrap();
+    (proxy.finish().await, metrics, stats)
 }
 
 fn strs<'a>(lines: &'a [serde_json::Value], key: &str) -> Vec<&'a serde_json::Value> {
@@ -140,17 +143,54 @@ fn strs<'a>(lines: &'a [serde_json::Value], key: &str) -> Vec<&'a serde_json::Va
 #[tokio::test]
 async fn recorded_agent_runs_land_in_their_sessions_and_turns() {
     for (agent, source) in [("codex", "codex_header"), ("claude", "claude_header")] {
-        let (lines, metrics) = replay_with_metrics(agent, |_, _| {}).await;
+        let (lines, metrics, stats) = replay_with_metrics(agent, |_, _| {}).await;
         assert_eq!(lines.len(), 6);
+        // /stats: two sessions, the resumed one first (4 calls, 2 turns), each with its calls'
+        // waits and tokens.
+        let v = &stats["sessions"];
+        assert_eq!(
+            (&v["seen"], &v["active"], &v["other"]["sessions"]),
+            (&2.into(), &2.into(), &0.into())
+        );
+        let top = v["top"].as_array().unwrap();
+        let by_session = |i: usize| {
+            top.iter()
+                .find(|r| r["session"] == lines[i]["session"])
+                .unwrap()
+        };
+        for (first, calls, turns) in [(0, 2, 1), (2, 4, 2)] {
+            let r = by_session(first);
+            assert_eq!(
+                (&r["calls"], &r["turns"]),
+                (&calls.into(), &turns.into()),
+                "{agent}"
+            );
+            let mine = &lines[first..first + calls];
+            let wait: f64 = mine.iter().map(|l| l["e2e_ms"].as_f64().unwrap()).sum();
+            assert!(
+                (r["wait_ms"].as_f64().unwrap() - wait).abs() < 1e-6,
+                "{agent}"
+            );
+            let prompt: u64 = mine
+                .iter()
+                .map(|l| l["prompt_tokens"].as_u64().unwrap())
+                .sum();
+            assert_eq!(r["prompt_tokens"], prompt, "{agent}");
+        }
+        assert_eq!(by_session(2)["prefix_lost_tokens"], 496 + 1120 + 1200);
+        assert_eq!(
+            by_session(2)["context_growth_per_call"],
+            100.0,
+            "1000 to 1300 in 3 calls"
+        );
         // Prometheus: the verdicts counted, the tokens summed (1008 + 1008 + 1120 + 1200
-        // expected, 496 lost), four gaps between calls; no session label.
+        // expected, 496 + 1120 + 1200 lost), four gaps between calls; no session label.
         for want in [
             r#"tokenmeter_agent_calls_total{prefix_audit="kept"} 1"#,
-            r#"tokenmeter_agent_calls_total{prefix_audit="lost"} 1"#,
+            r#"tokenmeter_agent_calls_total{prefix_audit="lost"} 3"#,
             r#"tokenmeter_agent_calls_total{prefix_audit="first_call"} 2"#,
-            r#"tokenmeter_agent_calls_total{prefix_audit="cached_unknown"} 2"#,
             "tokenmeter_prefix_expected_tokens_total 4336",
-            "tokenmeter_prefix_lost_tokens_total 496",
+            "tokenmeter_prefix_lost_tokens_total 2816",
             "tokenmeter_agent_call_gap_seconds_count 4",
         ] {
             assert!(
@@ -221,14 +261,7 @@ async fn recorded_agent_runs_land_in_their_sessions_and_turns() {
         // The audit: every later call of a run extends the one before it (the resume too).
         assert_eq!(
             strs(&lines, "prefix_audit"),
-            [
-                "first_call",
-                "kept",
-                "first_call",
-                "lost",
-                "cached_unknown",
-                "cached_unknown"
-            ],
+            ["first_call", "kept", "first_call", "lost", "lost", "lost"],
             "{agent}"
         );
         assert_eq!(
@@ -250,8 +283,8 @@ async fn recorded_agent_runs_land_in_their_sessions_and_turns() {
                 &0.into(),
                 &serde_json::Value::Null,
                 &496.into(),
-                &serde_json::Value::Null,
-                &serde_json::Value::Null
+                &1120.into(),
+                &1200.into()
             ],
             "{agent}"
         );
@@ -317,7 +350,7 @@ async fn without_ids_the_body_and_then_the_conversation_name_the_session() {
         .collect();
     assert!(s[0].starts_with("f-"));
     assert!(s.iter().all(|x| *x == s[0]));
-    assert_eq!(lines[5]["prefix_audit"], "cached_unknown");
+    assert_eq!(lines[5]["prefix_audit"], "lost");
     // Codex's items carry per-run ids: each run's opening is its own.
     let lines = replay("codex", |h, body| {
         h.retain(|(k, _)| {

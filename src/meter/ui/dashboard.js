@@ -104,7 +104,35 @@ function render() {
   renderServiceLevel(s.service_level);
   renderCapacity(s.capacity);
   renderUsers(s, w);
+  renderSessions(s.sessions);
   renderHealth(s);
+}
+
+// ---- agent sessions: /stats' top sessions by wait, then the rest summed ----
+function renderSessions(v) {
+  setText("sessions_sub", v.active + " active (a call in the last " + v.active_window_s + " s), " +
+    v.seen + " seen; the top " + v.top.length + " by time waited on the model");
+  const rows = v.top.map((r) => ["sess-" + r.session, [r.session, r.user, int(r.calls),
+    r.turns === null ? "–" : String(r.turns), num(r.wait_ms / 1000, 2), num(r.between_ms / 1000, 2),
+    r.prompt_tokens + " / " + r.completion_tokens, num(r.context_growth_per_call, 0),
+    r.cached_tokens === null ? "–" : String(r.cached_tokens), String(r.prefix_lost_tokens),
+    num(r.slowest_wait_ms, 0), num(r.idle_s, 0)]]);
+  const o = v.other;
+  if (o.sessions > 0) {
+    rows.push(["sess-other", ["other (" + o.sessions + " sessions)", "", int(o.calls), "",
+      num(o.wait_ms / 1000, 2), num(o.between_ms / 1000, 2), o.prompt_tokens + " / " + o.completion_tokens,
+      "", o.cached_tokens === null ? "–" : String(o.cached_tokens), String(o.prefix_lost_tokens), "", ""]]);
+  }
+  const body = $("sessions").tBodies[0];
+  while (body.rows.length > rows.length) body.deleteRow(-1);
+  rows.forEach(([id, vals], i) => {
+    const tr = body.rows[i] || body.insertRow();
+    while (tr.cells.length < 12) tr.insertCell();
+    tr.id = id;
+    vals.forEach((t, j) => {
+      if (tr.cells[j].textContent !== t) tr.cells[j].textContent = t;
+    });
+  });
 }
 
 function renderTiles(s, w) {

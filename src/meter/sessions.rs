@@ -1,0 +1,467 @@
+//! The sessions view (docs/sessions.md, "The sessions view"): per agent session, from its
+//! calls as they finish, the calls, turns, the time waited on the model against the time
+//! between calls, tokens in and out, the context's growth, cached tokens, the prefix audit's
+//! expected and lost tokens and the slowest wait. The live meter keeps at most
+//! [`MAX_TRACKED_SESSIONS`] (a new session folds the least recently seen into `other`) and
+//! `/stats` lists the [`TOP_SESSIONS`] by wait, the rest summed in `other`. `analyze` builds
+//! the same rows from the log's session fields.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::clock::{UnixNanos, NANOS_PER_SEC};
+use crate::record::{RequestRecord, SessionSource};
+
+/// Sessions the live meter keeps figures for; a new one beyond folds the least recently seen
+/// into `other`.
+pub const MAX_TRACKED_SESSIONS: usize = 1024;
+
+/// Sessions `/stats` lists (by wait, descending); the rest are summed in `other`.
+pub const TOP_SESSIONS: usize = 20;
+
+/// A session is active while its last call ended at most this long ago, seconds (an agent's
+/// tools and its human can take minutes between calls).
+pub const ACTIVE_WINDOW_S: u64 = 300;
+
+/// What the sessions view reads of one finished call (from a record, or a log line).
+#[derive(Debug, Clone, Copy)]
+pub struct SessionCallFigures<'a> {
+    /// The session's pseudonym.
+    pub session: &'a str,
+    /// Where it came from.
+    pub source: Option<SessionSource>,
+    /// The call's user.
+    pub user: &'a str,
+    /// The call's turn.
+    pub turn: Option<u32>,
+    /// The call's end on the timeline.
+    pub end_ns: UnixNanos,
+    /// Arrival to the last byte, ms: the time the agent waited on the model.
+    pub e2e_ms: Option<f64>,
+    /// `session_gap_ms`: the time since the session's previous call ended.
+    pub gap_ms: Option<f64>,
+    /// Prompt tokens.
+    pub prompt_tokens: Option<u64>,
+    /// Completion tokens.
+    pub completion_tokens: Option<u64>,
+    /// Cached prompt tokens the server reported.
+    pub cached_tokens: Option<u64>,
+    /// The audit's expected cached tokens.
+    pub prefix_expected_tokens: Option<u64>,
+    /// The audit's lost tokens.
+    pub prefix_lost_tokens: Option<u64>,
+}
+
+impl<'a> SessionCallFigures<'a> {
+    /// A record's figures; `None` for a request without a session.
+    pub fn of(r: &'a RequestRecord) -> Option<Self> {
+        Some(SessionCallFigures {
+            session: r.session.as_deref()?,
+            source: r.session_source,
+            user: &r.user,
+            turn: r.turn,
+            end_ns: r.end_ns(),
+            e2e_ms: r.e2e_ms,
+            gap_ms: r.session_gap_ms,
+            prompt_tokens: r.prompt_tokens,
+            completion_tokens: r.completion_tokens,
+            cached_tokens: r.cached_prompt_tokens,
+            prefix_expected_tokens: r.prefix_expected_tokens,
+            prefix_lost_tokens: r.prefix_lost_tokens,
+        })
+    }
+}
+
+/// One session's figures.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SessionRow {
+    /// The pseudonym, as in the access log.
+    pub session: String,
+    /// Where it came from (its first call's source).
+    pub source: Option<SessionSource>,
+    /// Its last call's user (the call that ended last).
+    pub user: String,
+    /// Calls finished (any outcome).
+    pub calls: u64,
+    /// max(turn) − min(turn) + 1 over its calls with a turn.
+    pub turns: Option<u32>,
+    /// Σ `e2e_ms`: the time the agent waited on the model.
+    pub wait_ms: f64,
+    /// Σ `session_gap_ms`: the time between its calls (tools, thinking, the human).
+    pub between_ms: f64,
+    /// Σ `prompt_tokens`.
+    pub prompt_tokens: u64,
+    /// Σ `completion_tokens`.
+    pub completion_tokens: u64,
+    /// The `prompt_tokens` of the call that ended first (of the calls with one).
+    pub context_first_tokens: Option<u64>,
+    /// The `prompt_tokens` of the call that ended last.
+    pub context_last_tokens: Option<u64>,
+    /// (last − first) / (calls with a prompt count − 1): the context's growth per call.
+    pub context_growth_per_call: Option<f64>,
+    /// Σ `cached_prompt_tokens`; `null` when no call reported it.
+    pub cached_tokens: Option<u64>,
+    /// Σ `prefix_expected_tokens`.
+    pub prefix_expected_tokens: u64,
+    /// Σ `prefix_lost_tokens`.
+    pub prefix_lost_tokens: u64,
+    /// max `e2e_ms`.
+    pub slowest_wait_ms: Option<f64>,
+    /// Seconds since its last call ended (at the view's instant).
+    pub idle_s: f64,
+    #[serde(skip)]
+    first_turn: Option<u32>,
+    #[serde(skip)]
+    last_turn: Option<u32>,
+    #[serde(skip)]
+    prompts: u64,
+    /// When the calls whose prompt is `context_first_tokens` and `context_last_tokens` ended.
+    #[serde(skip)]
+    first_prompt_ns: UnixNanos,
+    #[serde(skip)]
+    last_prompt_ns: UnixNanos,
+    #[serde(skip)]
+    last_end_ns: UnixNanos,
+}
+
+impl SessionRow {
+    fn new(f: &SessionCallFigures<'_>) -> Self {
+        SessionRow {
+            session: f.session.to_string(),
+            source: f.source,
+            ..SessionRow::default()
+        }
+    }
+
+    /// Adds one finished call (in any order: first and last go by the calls' ends).
+    pub fn add(&mut self, f: &SessionCallFigures<'_>) {
+        if self.calls == 0 || f.end_ns >= self.last_end_ns {
+            if self.user != f.user {
+                self.user.clear();
+                self.user.push_str(f.user);
+            }
+            self.last_end_ns = f.end_ns;
+        }
+        self.calls += 1;
+        if let Some(t) = f.turn {
+            self.first_turn = Some(self.first_turn.map_or(t, |m| m.min(t)));
+            self.last_turn = Some(self.last_turn.map_or(t, |m| m.max(t)));
+        }
+        let wait = f.e2e_ms.filter(|v| v.is_finite() && *v >= 0.0);
+        self.wait_ms += wait.unwrap_or(0.0);
+        if let Some(w) = wait {
+            self.slowest_wait_ms = Some(self.slowest_wait_ms.map_or(w, |m| m.max(w)));
+        }
+        self.between_ms += f
+            .gap_ms
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .unwrap_or(0.0);
+        self.prompt_tokens += f.prompt_tokens.unwrap_or(0);
+        self.completion_tokens += f.completion_tokens.unwrap_or(0);
+        if let Some(p) = f.prompt_tokens {
+            self.prompts += 1;
+            if self.context_first_tokens.is_none() || f.end_ns < self.first_prompt_ns {
+                (self.context_first_tokens, self.first_prompt_ns) = (Some(p), f.end_ns);
+            }
+            if self.context_last_tokens.is_none() || f.end_ns >= self.last_prompt_ns {
+                (self.context_last_tokens, self.last_prompt_ns) = (Some(p), f.end_ns);
+            }
+        }
+        if let Some(c) = f.cached_tokens {
+            self.cached_tokens = Some(self.cached_tokens.unwrap_or(0) + c);
+        }
+        self.prefix_expected_tokens += f.prefix_expected_tokens.unwrap_or(0);
+        self.prefix_lost_tokens += f.prefix_lost_tokens.unwrap_or(0);
+        self.settle();
+    }
+
+    /// The figures derived from the sums.
+    fn settle(&mut self) {
+        self.turns = self.first_turn.zip(self.last_turn).map(|(a, b)| b - a + 1);
+        self.context_growth_per_call = self
+            .context_first_tokens
+            .zip(self.context_last_tokens)
+            .filter(|_| self.prompts > 1)
+            .map(|(first, last)| (last as f64 - first as f64) / (self.prompts - 1) as f64);
+    }
+
+    /// Adds the calls of the same session counted apart (`analyze`'s parallel passes).
+    fn merge(&mut self, b: &SessionRow) {
+        if b.last_end_ns >= self.last_end_ns {
+            self.user.clone_from(&b.user);
+            self.last_end_ns = b.last_end_ns;
+        }
+        self.calls += b.calls;
+        self.first_turn = match (self.first_turn, b.first_turn) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        };
+        self.last_turn = self.last_turn.max(b.last_turn);
+        self.wait_ms += b.wait_ms;
+        self.between_ms += b.between_ms;
+        self.prompt_tokens += b.prompt_tokens;
+        self.completion_tokens += b.completion_tokens;
+        self.prompts += b.prompts;
+        if b.context_first_tokens.is_some()
+            && (self.context_first_tokens.is_none() || b.first_prompt_ns < self.first_prompt_ns)
+        {
+            (self.context_first_tokens, self.first_prompt_ns) =
+                (b.context_first_tokens, b.first_prompt_ns);
+        }
+        if b.context_last_tokens.is_some()
+            && (self.context_last_tokens.is_none() || b.last_prompt_ns >= self.last_prompt_ns)
+        {
+            (self.context_last_tokens, self.last_prompt_ns) =
+                (b.context_last_tokens, b.last_prompt_ns);
+        }
+        self.cached_tokens = match (self.cached_tokens, b.cached_tokens) {
+            (None, None) => None,
+            (x, y) => Some(x.unwrap_or(0) + y.unwrap_or(0)),
+        };
+        self.prefix_expected_tokens += b.prefix_expected_tokens;
+        self.prefix_lost_tokens += b.prefix_lost_tokens;
+        self.slowest_wait_ms = match (self.slowest_wait_ms, b.slowest_wait_ms) {
+            (Some(x), Some(y)) => Some(x.max(y)),
+            (x, y) => x.or(y),
+        };
+        self.settle();
+    }
+}
+
+/// Sessions summed: those beyond the listed top, and those the meter folded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SessionsOther {
+    /// Sessions summed here.
+    pub sessions: u64,
+    /// Their calls.
+    pub calls: u64,
+    /// Σ wait, ms.
+    pub wait_ms: f64,
+    /// Σ time between calls, ms.
+    pub between_ms: f64,
+    /// Σ prompt tokens.
+    pub prompt_tokens: u64,
+    /// Σ completion tokens.
+    pub completion_tokens: u64,
+    /// Σ cached prompt tokens; `null` when none reported.
+    pub cached_tokens: Option<u64>,
+    /// Σ the audit's expected tokens.
+    pub prefix_expected_tokens: u64,
+    /// Σ the audit's lost tokens.
+    pub prefix_lost_tokens: u64,
+}
+
+impl SessionsOther {
+    fn absorb(&mut self, r: &SessionRow) {
+        self.sessions += 1;
+        self.calls += r.calls;
+        self.wait_ms += r.wait_ms;
+        self.between_ms += r.between_ms;
+        self.prompt_tokens += r.prompt_tokens;
+        self.completion_tokens += r.completion_tokens;
+        if let Some(c) = r.cached_tokens {
+            self.cached_tokens = Some(self.cached_tokens.unwrap_or(0) + c);
+        }
+        self.prefix_expected_tokens += r.prefix_expected_tokens;
+        self.prefix_lost_tokens += r.prefix_lost_tokens;
+    }
+
+    fn merge(&mut self, o: &SessionsOther) {
+        self.sessions += o.sessions;
+        self.calls += o.calls;
+        self.wait_ms += o.wait_ms;
+        self.between_ms += o.between_ms;
+        self.prompt_tokens += o.prompt_tokens;
+        self.completion_tokens += o.completion_tokens;
+        if let Some(c) = o.cached_tokens {
+            self.cached_tokens = Some(self.cached_tokens.unwrap_or(0) + c);
+        }
+        self.prefix_expected_tokens += o.prefix_expected_tokens;
+        self.prefix_lost_tokens += o.prefix_lost_tokens;
+    }
+}
+
+/// The `sessions` object of `/stats`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SessionsView {
+    /// Tracked sessions whose last call ended within `active_window_s`.
+    pub active: u64,
+    /// [`ACTIVE_WINDOW_S`].
+    pub active_window_s: u64,
+    /// Sessions seen since start (one folded into `other` and seen again counts again).
+    pub seen: u64,
+    /// Sessions with figures of their own now.
+    pub tracked: u64,
+    /// [`MAX_TRACKED_SESSIONS`].
+    pub max_tracked: u64,
+    /// Sessions folded into `other` because the table was full (since start).
+    pub folded: u64,
+    /// The sessions with the most time waited on the model, at most [`TOP_SESSIONS`].
+    pub top: Vec<SessionRow>,
+    /// Every other session seen: tracked beyond the top, and folded.
+    pub other: SessionsOther,
+}
+
+/// The sessions seen and their figures.
+#[derive(Debug, Clone)]
+pub struct SessionBook {
+    rows: HashMap<String, SessionRow>,
+    cap: usize,
+    seen: u64,
+    folded: u64,
+    folded_sum: SessionsOther,
+}
+
+impl SessionBook {
+    /// A book keeping at most `cap` sessions' own figures.
+    pub fn new(cap: usize) -> Self {
+        SessionBook {
+            rows: HashMap::new(),
+            cap: cap.max(1),
+            seen: 0,
+            folded: 0,
+            folded_sum: SessionsOther::default(),
+        }
+    }
+
+    /// Adds a finished call.
+    pub fn add(&mut self, f: &SessionCallFigures<'_>) {
+        if let Some(row) = self.rows.get_mut(f.session) {
+            row.add(f);
+            return;
+        }
+        if self.rows.len() >= self.cap {
+            // A scan only when a new session finds the table full.
+            let oldest = self
+                .rows
+                .iter()
+                .min_by_key(|(_, r)| r.last_end_ns)
+                .map(|(k, _)| k.clone());
+            if let Some(row) = oldest.and_then(|k| self.rows.remove(&k)) {
+                self.folded += 1;
+                self.folded_sum.absorb(&row);
+            }
+        }
+        self.seen += 1;
+        let mut row = SessionRow::new(f);
+        row.add(f);
+        self.rows.insert(row.session.clone(), row);
+    }
+
+    /// Every session with figures of its own.
+    pub fn rows(&self) -> impl Iterator<Item = &SessionRow> {
+        self.rows.values()
+    }
+
+    /// The view at `now`: the `top` sessions by wait and the rest summed.
+    pub fn view(&self, now: UnixNanos, top: usize) -> SessionsView {
+        let since = now.saturating_sub(ACTIVE_WINDOW_S * NANOS_PER_SEC);
+        let mut rows: Vec<&SessionRow> = self.rows.values().collect();
+        rows.sort_by(|a, b| {
+            b.wait_ms
+                .total_cmp(&a.wait_ms)
+                .then_with(|| a.session.cmp(&b.session))
+        });
+        let mut other = self.folded_sum.clone();
+        for r in rows.iter().skip(top) {
+            other.absorb(r);
+        }
+        SessionsView {
+            active: self
+                .rows
+                .values()
+                .filter(|r| r.last_end_ns >= since)
+                .count() as u64,
+            active_window_s: ACTIVE_WINDOW_S,
+            seen: self.seen,
+            tracked: self.rows.len() as u64,
+            max_tracked: self.cap as u64,
+            folded: self.folded,
+            top: rows
+                .iter()
+                .take(top)
+                .map(|r| SessionRow {
+                    idle_s: now.saturating_sub(r.last_end_ns) as f64 / NANOS_PER_SEC as f64,
+                    ..(*r).clone()
+                })
+                .collect(),
+            other,
+        }
+    }
+
+    /// Adds another book's sessions (`analyze`'s per-file passes); a session in both is summed.
+    pub fn merge(&mut self, o: SessionBook) {
+        self.folded += o.folded;
+        self.folded_sum.merge(&o.folded_sum);
+        for (k, row) in o.rows {
+            match self.rows.get_mut(&k) {
+                Some(mine) => mine.merge(&row),
+                None => {
+                    self.seen += 1;
+                    self.rows.insert(k, row);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call<'a>(
+        session: &'a str,
+        turn: u32,
+        end_s: u64,
+        e2e: f64,
+        prompt: u64,
+    ) -> SessionCallFigures<'a> {
+        SessionCallFigures {
+            session,
+            source: Some(SessionSource::CodexHeader),
+            user: "u",
+            turn: Some(turn),
+            end_ns: end_s * NANOS_PER_SEC,
+            e2e_ms: Some(e2e),
+            gap_ms: (prompt > 100).then_some(50.0),
+            prompt_tokens: Some(prompt),
+            completion_tokens: Some(10),
+            cached_tokens: (prompt > 100).then_some(96),
+            prefix_expected_tokens: (prompt > 100).then_some(112),
+            prefix_lost_tokens: (prompt > 100).then_some(16),
+        }
+    }
+
+    #[test]
+    fn a_session_summed_and_the_book_bounded() {
+        let mut b = SessionBook::new(2);
+        b.add(&call("a", 1, 10, 100.0, 100));
+        b.add(&call("a", 1, 11, 300.0, 150));
+        b.add(&call("a", 2, 12, 200.0, 200));
+        b.add(&call("b", 1, 400, 50.0, 80));
+        let v = b.view(400 * NANOS_PER_SEC, 1);
+        let a = &v.top[0];
+        assert_eq!((a.calls, a.turns, a.wait_ms), (3, Some(2), 600.0));
+        assert_eq!((a.between_ms, a.slowest_wait_ms), (100.0, Some(300.0)));
+        assert_eq!(
+            (a.context_first_tokens, a.context_last_tokens),
+            (Some(100), Some(200))
+        );
+        assert_eq!(a.context_growth_per_call, Some(50.0));
+        assert_eq!((a.cached_tokens, a.prefix_lost_tokens), (Some(192), 32));
+        assert_eq!(
+            (v.active, v.seen, v.other.sessions, v.other.calls),
+            (1, 2, 1, 1)
+        );
+        // A third session folds the least recently seen ("a") into other.
+        b.add(&call("c", 1, 401, 10.0, 80));
+        let v = b.view(401 * NANOS_PER_SEC, 5);
+        assert_eq!((v.tracked, v.folded, v.seen), (2, 1, 3));
+        assert_eq!(
+            (v.other.sessions, v.other.calls, v.other.wait_ms),
+            (1, 3, 600.0)
+        );
+        assert_eq!(v.top.iter().map(|r| r.calls).sum::<u64>(), 2);
+    }
+}
