@@ -20,7 +20,10 @@
 //! - otherwise the pending run is reported, and the event either starts a new run (only the
 //!   second changed) or, when the word changed, is reported alone: its own interval holds the
 //!   boundary, which the meter then splits exactly as before;
-//! - the run is reported before the request's end and before a fallback restart.
+//! - the run is reported before the request's end and before a fallback restart;
+//! - an event whose tokens start a new KV block of the upstream (`block_size` known from its
+//!   scrape) reports the pending run and itself at once, so the meter's live KV estimate
+//!   (`docs/kv-cache.md`) counts each request's blocks as they pass.
 //!
 //! With `capacity_guard_extra_ms` above 0 guards also close at times no event marks, so every
 //! event is reported on its own. The cost of a run: a stream's last tokens of a second reach the
@@ -99,15 +102,17 @@ impl TokenRun {
     }
 
     /// `tokens` passed at `now_ns`: what to report now, in order (a pending run first).
+    /// `alone` reports them at once (they start a KV block).
     #[inline]
     pub(super) fn add(
         &mut self,
         changes: &LevelChanges,
         now_ns: UnixNanos,
         tokens: u64,
+        alone: bool,
     ) -> [Option<Report>; 2] {
         let word = changes.load();
-        let unchanged = changes.enabled && word == self.seen && word & AWAITING_MASK == 0;
+        let unchanged = !alone && changes.enabled && word == self.seen && word & AWAITING_MASK == 0;
         self.seen = word;
         let second = now_ns / NANOS_PER_SEC;
         if unchanged && self.tokens > 0 && second == self.second {
@@ -146,25 +151,34 @@ mod tests {
         // The first token is reported alone by the tracker.
         c.no_longer_waiting();
         run.reported_alone(&c);
-        assert_eq!(run.add(&c, 10 * S + 1, 1), [None, None]);
-        assert_eq!(run.add(&c, 10 * S + 2, 2), [None, None]);
+        assert_eq!(run.add(&c, 10 * S + 1, 1, false), [None, None]);
+        assert_eq!(run.add(&c, 10 * S + 2, 2, false), [None, None]);
         // A new second: the run so far, and the event opens the next one.
-        assert_eq!(run.add(&c, 11 * S, 1), [Some((10 * S + 2, 3)), None]);
+        assert_eq!(run.add(&c, 11 * S, 1, false), [Some((10 * S + 2, 3)), None]);
         // Another request arrives: the run, then this event alone (its interval holds the
         // arrival); it waits for its first token, so events are reported one by one.
         c.arrival();
         assert_eq!(
-            run.add(&c, 11 * S + 5, 4),
+            run.add(&c, 11 * S + 5, 4, false),
             [Some((11 * S, 1)), Some((11 * S + 5, 4))]
         );
-        assert_eq!(run.add(&c, 11 * S + 6, 1), [None, Some((11 * S + 6, 1))]);
+        assert_eq!(
+            run.add(&c, 11 * S + 6, 1, false),
+            [None, Some((11 * S + 6, 1))]
+        );
         c.no_longer_waiting();
-        assert_eq!(run.add(&c, 11 * S + 7, 1), [None, Some((11 * S + 7, 1))]);
-        assert_eq!(run.add(&c, 11 * S + 8, 1), [None, None]);
+        assert_eq!(
+            run.add(&c, 11 * S + 7, 1, false),
+            [None, Some((11 * S + 7, 1))]
+        );
+        assert_eq!(run.add(&c, 11 * S + 8, 1, false), [None, None]);
         assert_eq!(run.take(), Some((11 * S + 8, 1)));
         assert_eq!(run.take(), None);
         c.change();
-        assert_eq!(run.add(&c, 11 * S + 9, 1), [None, Some((11 * S + 9, 1))]);
+        assert_eq!(
+            run.add(&c, 11 * S + 9, 1, false),
+            [None, Some((11 * S + 9, 1))]
+        );
     }
 
     #[test]
@@ -173,8 +187,23 @@ mod tests {
         let mut run = TokenRun::default();
         run.reported_alone(&c);
         for t in 1..5 {
-            assert_eq!(run.add(&c, t, 1), [None, Some((t, 1))]);
+            assert_eq!(run.add(&c, t, 1, false), [None, Some((t, 1))]);
         }
         assert_eq!(run.take(), None);
+    }
+
+    #[test]
+    fn a_token_starting_a_kv_block_is_reported_at_once_with_the_pending_run() {
+        let c = LevelChanges::default();
+        let mut run = TokenRun::default();
+        run.reported_alone(&c);
+        assert_eq!(run.add(&c, 10 * S + 1, 1, false), [None, None]);
+        assert_eq!(
+            run.add(&c, 10 * S + 2, 1, true),
+            [Some((10 * S + 1, 1)), Some((10 * S + 2, 1))]
+        );
+        // Then runs form again.
+        assert_eq!(run.add(&c, 10 * S + 3, 1, false), [None, None]);
+        assert_eq!(run.take(), Some((10 * S + 3, 1)));
     }
 }

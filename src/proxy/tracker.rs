@@ -80,8 +80,9 @@ pub struct Tracker {
     meta: RequestMeta,
     metered: bool,
     announced: bool,
-    /// The prompt's size was reported to the observers.
+    /// The prompt's size was reported to the observers, and the size reported.
     prompt_announced: bool,
+    announced_prompt: u64,
     cold: bool,
     in_flight_at_start: u32,
     status: Option<u16>,
@@ -155,6 +156,7 @@ impl Tracker {
             metered,
             announced: false,
             prompt_announced: false,
+            announced_prompt: 0,
             cold,
             in_flight_at_start,
             meta,
@@ -374,6 +376,7 @@ impl Tracker {
             // (Messages' first event, or every event with continuous usage).
             if let (false, Some(p)) = (self.prompt_announced, self.usage_prompt) {
                 self.prompt_announced = true;
+                self.announced_prompt = p;
                 for o in &self.shared.observers {
                     o.prompt_tokens(self.id, p);
                 }
@@ -395,7 +398,15 @@ impl Tracker {
                     self.run.reported_alone(changes);
                     self.report_tokens((now_ns, delta));
                 } else {
-                    for r in self.run.add(changes, now_ns, delta).into_iter().flatten() {
+                    let held = self.announced_prompt + self.attributed;
+                    let index = self.upstream.as_ref().map_or(0, |u| u.index);
+                    let alone = self.shared.starts_block(index, held - delta, held);
+                    for r in self
+                        .run
+                        .add(changes, now_ns, delta, alone)
+                        .into_iter()
+                        .flatten()
+                    {
                         self.report_tokens(r);
                     }
                 }
