@@ -66,6 +66,8 @@ pub struct Meter {
     /// The last scrape's KV-cache series and usage fraction, whether or not the cross-check
     /// keeps samples.
     pub(super) last_kv: Option<(crate::scrape::KvValues, Option<f64>)>,
+    /// The live KV estimate's blocks per second, for its growth (while the block size is known).
+    kv_history: kv::BlockHistory,
 }
 
 /// Hashes request ids with one multiplication. The ids are the proxy's own counters, chosen by
@@ -125,6 +127,7 @@ impl Meter {
             last_tick_sec: origin_sec,
             server: None,
             last_kv: None,
+            kv_history: kv::BlockHistory::default(),
         }
     }
 
@@ -168,6 +171,11 @@ impl Meter {
             return;
         }
         self.last_tick_sec = now_sec;
+        let block_size = self.last_kv.as_ref().and_then(|(v, _)| v.block_size);
+        if let (_, Some(blocks), _, _) = self.open_kv(block_size.filter(|b| *b > 0)) {
+            let keep = self.config.windows_s.iter().min().copied().unwrap_or(0);
+            self.kv_history.push(now_sec, blocks, keep);
+        }
         let floor = self.floor(now_sec);
         self.aggregate.advance(now, floor);
         // A second is final once no open request can still attribute tokens to it, or when it is
@@ -489,11 +497,14 @@ impl Meter {
             server_blocks,
             diff_blocks: server_blocks.zip(blocks).map(|(s, b)| s - b as f64),
         };
+        let window = self.config.windows_s.iter().min().copied().unwrap_or(0);
+        let growth = blocks.and_then(|b| self.kv_history.growth(self.last_tick_sec, b, window));
         let headroom = kv::headroom(
             cache.as_ref(),
             &estimate,
             contexts.p90,
             self.config.kv_headroom_threshold_pct,
+            growth,
         );
         kv::KvView {
             table: kv::table(
