@@ -92,7 +92,7 @@ impl AccessLogSink {
 impl Observer for AccessLogSink {
     fn started(&self, _: u64, _: UnixNanos, _: &Arc<str>, _: Option<&Arc<str>>) {}
 
-    fn tokens(&self, _: u64, _: UnixNanos, _: u64) {}
+    fn tokens(&self, _: u64, _: UnixNanos, _: u64, _: crate::itl::Gaps) {}
 
     fn finished(&self, _: u64, _: UnixNanos, record: &Arc<RequestRecord>, _: bool) {
         self.send(LogLine::Request(record.clone()));

@@ -58,6 +58,53 @@ pub fn bin_value_ms(i: usize) -> f64 {
     FIRST_EDGE_NS / 1e6 * ((i as f64 - 0.5) / BINS_PER_OCTAVE).exp2()
 }
 
+/// The vLLM bucket of a gap of `ns` nanoseconds: its index in [`VLLM_ITL_BOUNDS_S`] (`le`), or
+/// the bounds' length above the last.
+fn vllm_bucket_of(ns: u64) -> usize {
+    let s = ns as f64 / 1e9;
+    VLLM_ITL_BOUNDS_S.partition_point(|&bound| bound < s)
+}
+
+/// Gaps that passed together in one token report to the meter, all in one log bin and one vLLM
+/// bucket, so the meter observes them as the request's own histogram holds them: the live ITL
+/// (`docs/monitoring.md`). Fixed size: the per-event path neither allocates nor grows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Gaps {
+    /// Number of gaps.
+    pub count: u32,
+    /// Their sum, nanoseconds.
+    pub sum_ns: u64,
+    /// Their log bin (see [`bin_value_ms`]).
+    pub bin: u8,
+    /// Their vLLM bucket: index in [`VLLM_ITL_BOUNDS_S`], its length above the last bound.
+    pub bucket: u8,
+}
+
+impl Gaps {
+    /// One gap of `ns` nanoseconds (none for `None`).
+    pub fn of(ns: Option<u64>) -> Gaps {
+        let mut g = Gaps::default();
+        if let Some(ns) = ns {
+            g.add(ns);
+        }
+        g
+    }
+
+    /// Whether a gap of `ns` may join these: none yet, or the same bin and bucket.
+    pub fn fits(&self, ns: u64) -> bool {
+        self.count == 0 || (bin_of(ns) as u8 == self.bin && vllm_bucket_of(ns) as u8 == self.bucket)
+    }
+
+    /// Adds a gap of `ns` nanoseconds (call [`Gaps::fits`] first: its bin and bucket replace
+    /// these otherwise).
+    pub fn add(&mut self, ns: u64) {
+        self.bin = bin_of(ns) as u8;
+        self.bucket = vllm_bucket_of(ns) as u8;
+        self.count = self.count.saturating_add(1);
+        self.sum_ns = self.sum_ns.saturating_add(ns);
+    }
+}
+
 impl ItlHistogram {
     /// Counts one gap of `ns` nanoseconds.
     #[inline]
@@ -67,8 +114,7 @@ impl ItlHistogram {
         self.max_ns = self.max_ns.max(ns);
         let b = bin_of(ns);
         self.bins[b] = self.bins[b].saturating_add(1);
-        let s = ns as f64 / 1e9;
-        let v = VLLM_ITL_BOUNDS_S.partition_point(|&bound| bound < s);
+        let v = vllm_bucket_of(ns);
         self.vllm[v] = self.vllm[v].saturating_add(1);
     }
 

@@ -297,7 +297,7 @@ impl OtlpExport {
 impl Observer for OtlpExport {
     fn started(&self, _: u64, _: UnixNanos, _: &Arc<str>, _: Option<&Arc<str>>) {}
 
-    fn tokens(&self, _: u64, _: UnixNanos, _: u64) {}
+    fn tokens(&self, _: u64, _: UnixNanos, _: u64, _: crate::itl::Gaps) {}
 
     fn finished(&self, _: u64, _: UnixNanos, record: &Arc<RequestRecord>, _metered: bool) {
         if record.is_generation() {

@@ -255,7 +255,8 @@ pub async fn spawn_with_time(
     .with_time_source(time)
     .with_slo(config.slo)
     // An extra guard closes at a time no event marks: then every event is reported alone.
-    .with_token_coalescing(config.meter.capacity_guard_extra_ms == 0);
+    .with_token_coalescing(config.meter.capacity_guard_extra_ms == 0)
+    .with_kv_upstreams(per_upstream_scrape.len());
     trackers.per_upstream = upstream_meters
         .iter()
         .map(|m| Arc::new(m.clone()) as Arc<dyn Observer>)
@@ -267,7 +268,16 @@ pub async fn spawn_with_time(
         };
         let m = upstream_meters.get(i).unwrap_or(&meter).clone();
         m.enable_server_crosscheck(config.disagreement_threshold_pct);
-        let mut sinks: Vec<SampleSink> = vec![Box::new(move |s| m.server_sample(s.clone()))];
+        let t = trackers.clone();
+        let mut sinks: Vec<SampleSink> = vec![
+            Box::new(move |s| m.server_sample(s.clone())),
+            // The block size the trackers report a new block at (see `TrackerShared::kv_block_size`).
+            Box::new(move |s| {
+                if let (Some(bs), Some(slot)) = (s.values.kv.block_size, t.kv_block_size.get(i)) {
+                    slot.store(bs, std::sync::atomic::Ordering::Relaxed);
+                }
+            }),
+        ];
         // Samples of several replicas in one log would mix in `analyze`'s cross-check.
         if let (Some(log), false) = (log_sink.clone(), several) {
             sinks.push(Box::new(move |s| log.server_sample(Arc::new(s.clone()))));

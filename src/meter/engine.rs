@@ -5,6 +5,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
+use crate::itl::Gaps;
 use crate::record::RequestRecord;
 use crate::scrape::{ServerSample, ServerTrack};
 
@@ -37,6 +38,8 @@ struct OpenRequest {
     last_token_ns: Option<UnixNanos>,
     /// The first token event's time.
     first_token_ns: Option<UnixNanos>,
+    /// ITL gaps were observed as they passed (the record's are then not observed again).
+    itl_live: bool,
     guard: GuardKey,
 }
 
@@ -66,6 +69,8 @@ pub struct Meter {
     pub(super) last_kv: Option<(crate::scrape::KvValues, Option<f64>)>,
     /// Agent sessions' figures (`/stats` `sessions`).
     pub(super) sessions: SessionBook,
+    /// The live KV estimate's blocks per second, for its growth (while the block size is known).
+    kv_history: kv::BlockHistory,
 }
 
 /// Hashes request ids with one multiplication. The ids are the proxy's own counters, chosen by
@@ -126,6 +131,7 @@ impl Meter {
             server: None,
             last_kv: None,
             sessions: SessionBook::new(MAX_TRACKED_SESSIONS),
+            kv_history: kv::BlockHistory::default(),
         }
     }
 
@@ -169,6 +175,11 @@ impl Meter {
             return;
         }
         self.last_tick_sec = now_sec;
+        let block_size = self.last_kv.as_ref().and_then(|(v, _)| v.block_size);
+        if let (_, Some(blocks), _, _) = self.open_kv(block_size.filter(|b| *b > 0)) {
+            let keep = self.config.windows_s.iter().min().copied().unwrap_or(0);
+            self.kv_history.push(now_sec, blocks, keep);
+        }
         let floor = self.floor(now_sec);
         self.aggregate.advance(now, floor);
         // A second is final once no open request can still attribute tokens to it, or when it is
@@ -291,6 +302,7 @@ impl Meter {
                 prompt_live: 0,
                 last_token_ns: None,
                 first_token_ns: None,
+                itl_live: false,
                 guard,
             },
         );
@@ -298,11 +310,28 @@ impl Meter {
 
     /// `delta` completion tokens of request `id` passed the proxy at `now` (unknown ids ignored).
     pub fn tokens(&mut self, now: UnixNanos, id: u64, delta: u64) {
+        self.tokens_with_gaps(now, id, delta, Gaps::default());
+    }
+
+    /// The same, with the ITL `gaps` measured since the request's previous report: observed
+    /// now, as vLLM observes `inter_token_latency_seconds` at each step.
+    pub fn tokens_with_gaps(&mut self, now: UnixNanos, id: u64, delta: u64, gaps: Gaps) {
         self.tick(now);
         let floor = self.floor(second_of(now));
         let Some(o) = self.open.get_mut(&id) else {
             return;
         };
+        if gaps.count > 0 {
+            o.itl_live = true;
+            self.prom.gaps(o.prom_slot, gaps);
+            self.aggregate.gaps(now, gaps, floor);
+            for s in [self.users.get_mut(o.user), self.models.get_mut(o.model)]
+                .into_iter()
+                .flatten()
+            {
+                s.gaps(now, gaps, floor);
+            }
+        }
         let d = delta as f64;
         o.attributed += d;
         self.prom.generated(o.prom_slot, delta);
@@ -312,6 +341,17 @@ impl Meter {
         if o.first_token_ns.is_none() {
             o.first_token_ns = Some(now);
             self.levels.first_token(now, o.guard);
+            // TTFT is observed now, as vLLM does, not when the stream ends.
+            let ttft = std::time::Duration::from_nanos(now.saturating_sub(o.start_ns));
+            self.prom.first_token(o.prom_slot, ttft.as_secs_f64());
+            let ms = ttft.as_secs_f64() * 1e3;
+            self.aggregate.first_token(now, ms, floor);
+            for s in [self.users.get_mut(o.user), self.models.get_mut(o.model)]
+                .into_iter()
+                .flatten()
+            {
+                s.first_token(now, ms, floor);
+            }
         } else {
             self.levels.advance(now);
         }
@@ -365,13 +405,17 @@ impl Meter {
                 (u, self.model_key(now, record.model.as_deref()), 0.0, false)
             }
         };
-        self.aggregate
-            .finish(now, record, attributed, started, floor);
+        let live = open
+            .as_ref()
+            .map(|o| (o.first_token_ns.is_some(), o.itl_live));
+        let (ttft_live, itl_live) = live.unwrap_or((false, false));
+        let how = (started, ttft_live, itl_live);
+        self.aggregate.finish(now, record, attributed, how, floor);
         for s in [self.users.get_mut(user), self.models.get_mut(model)]
             .into_iter()
             .flatten()
         {
-            s.finish(now, record, attributed, started, floor);
+            s.finish(now, record, attributed, how, floor);
         }
         if let Some(o) = &open {
             // The remainder is credited before the departure: when its interval is empty (a
@@ -420,8 +464,9 @@ impl Meter {
             None => (self.prom.slot(record.model.as_deref(), &record.user), 0),
         };
         // Tokens are attributed as whole events, so `attributed` is a whole number.
+        let live = (attributed.round() as u64, live_prompt);
         self.prom
-            .add_record(slot, record, attributed.round() as u64, live_prompt);
+            .add_record(slot, record, live, (ttft_live, itl_live));
     }
 }
 
@@ -459,11 +504,14 @@ impl Meter {
             server_blocks,
             diff_blocks: server_blocks.zip(blocks).map(|(s, b)| s - b as f64),
         };
+        let window = self.config.windows_s.iter().min().copied().unwrap_or(0);
+        let growth = blocks.and_then(|b| self.kv_history.growth(self.last_tick_sec, b, window));
         let headroom = kv::headroom(
             cache.as_ref(),
             &estimate,
             contexts.p90,
             self.config.kv_headroom_threshold_pct,
+            growth,
         );
         kv::KvView {
             table: kv::table(

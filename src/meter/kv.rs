@@ -213,8 +213,52 @@ pub struct KvHeadroom {
     pub warning: Option<bool>,
     /// The `[meter]` setting `kv_headroom_threshold_pct`.
     pub threshold_pct: u32,
+    /// Net growth of the live estimate's `blocks` over the shortest window, blocks per second:
+    /// `(blocks now − blocks at the start of the window) / its seconds`, arrivals, context
+    /// growth and departures together; `null` before a window of history (or without a block
+    /// size).
+    pub growth_blocks_per_s: Option<f64>,
+    /// Seconds until the cache is full at that growth: `(num_gpu_blocks − 1 − used_blocks) /
+    /// growth_blocks_per_s`, only while it grows (else `null`: not filling).
+    pub seconds_to_full: Option<f64>,
     /// Why the figures are `null`, when they are.
     pub reason: Option<String>,
+}
+
+/// The live estimate's blocks at the first event of each second that had one, oldest first: the
+/// history its growth is read from. Every event ticks the meter first, so between two points
+/// only the first point's second changed the blocks: the blocks at the start of any second
+/// after a point are the next point's (or, after the last, the current).
+#[derive(Debug, Clone, Default)]
+pub struct BlockHistory {
+    points: VecDeque<(u64, u64)>,
+}
+
+impl BlockHistory {
+    /// Keeps `blocks` at second `sec`, forgetting the points a window of `keep_s` seconds no
+    /// longer needs (the latest at or before its start stays).
+    pub fn push(&mut self, sec: u64, blocks: u64, keep_s: u64) {
+        self.points.push_back((sec, blocks));
+        let start = sec.saturating_sub(keep_s);
+        while self.points.get(1).is_some_and(|(s, _)| *s <= start) {
+            self.points.pop_front();
+        }
+    }
+
+    /// `(blocks_now − blocks at the start of second sec − window_s) / window_s`; `None` while
+    /// the history does not reach back to that second.
+    pub fn growth(&self, sec: u64, blocks_now: u64, window_s: u64) -> Option<f64> {
+        let from = sec.checked_sub(window_s).filter(|_| window_s > 0)?;
+        if self.points.front()?.0 > from {
+            return None;
+        }
+        let then = self
+            .points
+            .iter()
+            .find(|(s, _)| *s >= from)
+            .map_or(blocks_now, |(_, b)| *b);
+        Some((blocks_now as f64 - then as f64) / window_s as f64)
+    }
 }
 
 /// The `kv` object of `/stats`.
@@ -280,12 +324,13 @@ pub fn table(
     .collect()
 }
 
-/// The headroom from the estimate, the cache and the p90 context.
+/// The headroom from the estimate, the cache, the p90 context and the estimate's growth.
 pub fn headroom(
     cache: Option<&KvCache>,
     estimate: &KvEstimate,
     p90: Option<u64>,
     threshold_pct: u32,
+    growth_blocks_per_s: Option<f64>,
 ) -> KvHeadroom {
     let mut h = KvHeadroom {
         used_blocks: None,
@@ -293,6 +338,8 @@ pub fn headroom(
         sequences_p90: None,
         warning: None,
         threshold_pct,
+        growth_blocks_per_s,
+        seconds_to_full: None,
         reason: None,
     };
     let Some((cache, total)) = cache.and_then(|c| Some((c, c.usable_blocks()?))) else {
@@ -311,6 +358,9 @@ pub fn headroom(
         },
     };
     h.used_blocks = Some(used);
+    h.seconds_to_full = growth_blocks_per_s
+        .filter(|g| *g > 0.0)
+        .map(|g| (total as f64 - used).max(0.0) / g);
     if total > 0 {
         let f = used / total as f64;
         h.used_fraction = Some(f);

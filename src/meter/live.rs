@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::access_log::AccessLogCounters;
 use crate::clock::{Clock, UnixNanos};
+use crate::itl::Gaps;
 use crate::observe::Observer;
 use crate::record::RequestRecord;
 use crate::scrape::ServerSample;
@@ -32,6 +33,7 @@ enum Event {
         now: UnixNanos,
         id: u64,
         delta: u64,
+        gaps: Gaps,
     },
     Prompt {
         id: u64,
@@ -205,7 +207,12 @@ fn start(
                 user,
                 model,
             } => meter.request_started(now, id, &user, model.as_deref()),
-            Event::Tokens { now, id, delta } => meter.tokens(now, id, delta),
+            Event::Tokens {
+                now,
+                id,
+                delta,
+                gaps,
+            } => meter.tokens_with_gaps(now, id, delta, gaps),
             Event::Prompt { id, prompt_tokens } => meter.prompt_tokens(id, prompt_tokens),
             Event::Finish { now, id, record } => meter.request_finished_id(now, Some(id), &record),
             Event::Snapshot(req) => {
@@ -254,7 +261,17 @@ impl MeterHandle {
 
     /// `delta` completion tokens of request `id` passed the proxy at `now`.
     pub fn tokens(&self, id: u64, now: UnixNanos, delta: u64) {
-        self.send_data(Event::Tokens { now, id, delta });
+        self.tokens_with_gaps(id, now, delta, Gaps::default());
+    }
+
+    /// The same, with the ITL `gaps` measured since the request's previous report.
+    pub fn tokens_with_gaps(&self, id: u64, now: UnixNanos, delta: u64, gaps: Gaps) {
+        self.send_data(Event::Tokens {
+            now,
+            id,
+            delta,
+            gaps,
+        });
     }
 
     /// Request `id` reported its prompt size before its end (a streamed usage).
@@ -360,8 +377,8 @@ impl Observer for MeterHandle {
         MeterHandle::started(self, id, now, user.clone(), model.cloned());
     }
 
-    fn tokens(&self, id: u64, now: UnixNanos, completion_tokens: u64) {
-        MeterHandle::tokens(self, id, now, completion_tokens);
+    fn tokens(&self, id: u64, now: UnixNanos, completion_tokens: u64, gaps: Gaps) {
+        MeterHandle::tokens_with_gaps(self, id, now, completion_tokens, gaps);
     }
 
     fn prompt_tokens(&self, id: u64, prompt_tokens: u64) {

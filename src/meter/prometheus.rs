@@ -309,15 +309,48 @@ impl PromState {
         }
     }
 
+    /// The histograms of `slot`'s model (created with its first observation).
+    fn hists_of(&mut self, slot: Slot) -> Option<&mut Hists> {
+        let (model, _) = self.keys.get(slot)?;
+        if !self.hists.contains_key(model) {
+            let h = Hists(HISTOGRAMS.map(|m| FixedHist::new(m.buckets)));
+            self.hists.insert(model.clone(), h);
+        }
+        self.hists.get_mut(model)
+    }
+
+    /// An open request of `slot` passed its first token `ttft_s` seconds after it started: its
+    /// TTFT is observed now, as vLLM observes `time_to_first_token_seconds`, not at its end.
+    pub fn first_token(&mut self, slot: Slot, ttft_s: f64) {
+        if let Some(h) = self.hists_of(slot) {
+            h.0[TTFT].observe(HISTOGRAMS[TTFT].buckets, ttft_s);
+        }
+    }
+
+    /// An open request of `slot` passed ITL `gaps` (one vLLM bucket): observed now, as vLLM
+    /// observes `inter_token_latency_seconds`; exact counts per bucket and sum.
+    pub fn gaps(&mut self, slot: Slot, gaps: crate::itl::Gaps) {
+        if let Some(h) = self.hists_of(slot) {
+            let h = &mut h.0[ITL];
+            if let Some(c) = h.counts.get_mut(usize::from(gaps.bucket)) {
+                *c += u64::from(gaps.count);
+            }
+            h.count += u64::from(gaps.count);
+            h.sum += gaps.sum_ns as f64 / 1e9;
+        }
+    }
+
     /// Counts a finished generation request of `slot`, whose streamed events already added
     /// `live_completion` generated and `live_prompt` prompt tokens: the counters are settled to
-    /// the record's counts (usage, else the tokens counted).
+    /// the record's counts (usage, else the tokens counted). `ttft_live`, `itl_live`: its TTFT
+    /// and ITL gaps were observed as they passed ([`PromState::first_token`],
+    /// [`PromState::gaps`]) and are not observed again.
     pub fn add_record(
         &mut self,
         slot: Slot,
         r: &RequestRecord,
-        live_completion: u64,
-        live_prompt: u64,
+        (live_completion, live_prompt): (u64, u64),
+        (ttft_live, itl_live): (bool, bool),
     ) {
         self.sessions.add_record(r);
         let Some(c) = self.counters.get_mut(slot) else {
@@ -343,7 +376,7 @@ impl PromState {
             .hists
             .entry(model)
             .or_insert_with(|| Hists(HISTOGRAMS.map(|m| FixedHist::new(m.buckets))));
-        if let Some(itl) = &r.itl {
+        if let Some(itl) = r.itl.as_ref().filter(|_| !itl_live) {
             // The request's own counts per vLLM bucket: exact, no re-binning.
             let h = &mut h.0[ITL];
             for (slot, n) in h.counts.iter_mut().zip(itl.vllm_buckets().iter()) {
@@ -353,7 +386,7 @@ impl PromState {
             h.sum += itl.sum_s();
         }
         for (i, ms) in [
-            (TTFT, r.ttft_ms),
+            (TTFT, r.ttft_ms.filter(|_| !ttft_live)),
             (TPOT, r.tpot_ms),
             (E2E, r.e2e_ms),
             (FIRST_BYTE, r.first_byte_ms),

@@ -131,14 +131,33 @@ impl Scope {
         }
     }
 
+    /// A request's first token passed at `now`, `ttft_ms` after its start: its TTFT counts in
+    /// this second.
+    pub fn first_token(&mut self, now: UnixNanos, ttft_ms: f64, floor_sec: u64) {
+        let sec = second_of(now);
+        if sec >= floor_sec {
+            self.ring.bucket_mut(sec).add_first_token(ttft_ms);
+        }
+    }
+
+    /// ITL `gaps` passed at `now`: they count in this second.
+    pub fn gaps(&mut self, now: UnixNanos, gaps: crate::itl::Gaps, floor_sec: u64) {
+        let sec = second_of(now);
+        if sec >= floor_sec {
+            self.ring.bucket_mut(sec).add_gaps(gaps);
+        }
+    }
+
     /// A request finished at `now`; `attributed` tokens went to seconds live, `was_started`
-    /// says whether its start was seen (only then does the level drop).
+    /// says whether its start was seen (only then does the level drop), `ttft_live` and
+    /// `itl_live` whether its TTFT and ITL gaps were counted as they passed
+    /// ([`Scope::first_token`], [`Scope::gaps`]).
     pub fn finish(
         &mut self,
         now: UnixNanos,
         record: &RequestRecord,
         attributed: f64,
-        was_started: bool,
+        (was_started, ttft_live, itl_live): (bool, bool, bool),
         floor_sec: u64,
     ) {
         if was_started {
@@ -159,7 +178,9 @@ impl Scope {
             },
         );
         if second_of(now) >= floor_sec {
-            self.ring.bucket_mut(second_of(now)).add_finished(record);
+            self.ring
+                .bucket_mut(second_of(now))
+                .add_finished(record, (ttft_live, itl_live));
         }
         let t = &mut self.totals;
         t.requests += 1;

@@ -100,24 +100,28 @@ impl RateStats {
 pub struct FinishedStats {
     /// `tok_s` of each finished request that had one.
     pub tok_s: RateStats,
-    /// TTFT of each finished request that had one, ms.
+    /// TTFT of each request whose first token passed in this second (a streamed request's, as
+    /// vLLM observes it), or, for one without a token event (non-streamed), that finished in it;
+    /// ms.
     pub ttft_ms: LogHistogram,
     /// TPOT of each finished request that had one, ms.
     pub tpot_ms: LogHistogram,
     /// End-to-end latency of each finished request that had one, ms.
     pub e2e_ms: LogHistogram,
-    /// Every ITL gap of the finished requests, ms (each request's histogram bins, at their
-    /// representative values).
+    /// Every ITL gap that passed in this second (a streamed request's, as vLLM observes them),
+    /// or of a request whose gaps were not reported live that finished in it; ms, each at its
+    /// log bin's representative value.
     pub itl_ms: LogHistogram,
 }
 
 impl FinishedStats {
-    /// Adds the per-request figures of `record`.
-    pub fn add_record(&mut self, record: &RequestRecord) {
+    /// Adds the per-request figures of `record`; its TTFT and its ITL gaps only when they were
+    /// not counted as they passed (`ttft_live`, `itl_live`).
+    pub fn add_record(&mut self, record: &RequestRecord, (ttft_live, itl_live): (bool, bool)) {
         if let Some(v) = record.tok_s {
             self.tok_s.add(v);
         }
-        if let Some(v) = record.ttft_ms {
+        if let Some(v) = record.ttft_ms.filter(|_| !ttft_live) {
             self.ttft_ms.record(v);
         }
         if let Some(v) = record.tpot_ms {
@@ -126,7 +130,7 @@ impl FinishedStats {
         if let Some(v) = record.e2e_ms {
             self.e2e_ms.record(v);
         }
-        if let Some(itl) = &record.itl {
+        if let Some(itl) = record.itl.as_ref().filter(|_| !itl_live) {
             for (bin, n) in itl.bins() {
                 self.itl_ms.record_n(crate::itl::bin_value_ms(bin), n);
             }
@@ -204,8 +208,27 @@ impl SecondBucket {
         (min == max && min > 0).then_some(min)
     }
 
-    /// Counts a finished request and its per-request figures into this second.
-    pub fn add_finished(&mut self, record: &RequestRecord) {
+    /// Counts a TTFT observed at a request's first token, in this second (`docs/measurement.md`).
+    pub fn add_first_token(&mut self, ttft_ms: f64) {
+        self.finished
+            .get_or_insert_with(Default::default)
+            .ttft_ms
+            .record(ttft_ms);
+    }
+
+    /// Counts ITL gaps that passed in this second, at their bin's value (as the request's own
+    /// histogram holds them).
+    pub fn add_gaps(&mut self, gaps: crate::itl::Gaps) {
+        self.finished
+            .get_or_insert_with(Default::default)
+            .itl_ms
+            .record_n(crate::itl::bin_value_ms(usize::from(gaps.bin)), gaps.count);
+    }
+
+    /// Counts a finished request and its per-request figures into this second; `live`: its
+    /// TTFT, and its ITL gaps, were counted as they passed ([`SecondBucket::add_first_token`],
+    /// [`SecondBucket::add_gaps`]).
+    pub fn add_finished(&mut self, record: &RequestRecord, live: (bool, bool)) {
         self.requests_finished += 1;
         if record.outcome.is_error() {
             self.errors += 1;
@@ -215,7 +238,7 @@ impl SecondBucket {
         }
         self.finished
             .get_or_insert_with(Default::default)
-            .add_record(record);
+            .add_record(record, live);
     }
 }
 

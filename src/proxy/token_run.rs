@@ -20,7 +20,13 @@
 //! - otherwise the pending run is reported, and the event either starts a new run (only the
 //!   second changed) or, when the word changed, is reported alone: its own interval holds the
 //!   boundary, which the meter then splits exactly as before;
-//! - the run is reported before the request's end and before a fallback restart.
+//! - the run is reported before the request's end and before a fallback restart;
+//! - a run's ITL gaps share one log bin and vLLM bucket (the meter observes them there, as the
+//!   request's own histogram holds them): an event whose gap falls in another reports the
+//!   pending run and starts a new one;
+//! - an event whose tokens start a new KV block of the upstream (`block_size` known from its
+//!   scrape) reports the pending run and itself at once, so the meter's live KV estimate
+//!   (`docs/kv-cache.md`) counts each request's blocks as they pass.
 //!
 //! With `capacity_guard_extra_ms` above 0 guards also close at times no event marks, so every
 //! event is reported on its own. The cost of a run: a stream's last tokens of a second reach the
@@ -29,6 +35,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
+use crate::itl::Gaps;
 
 /// One change in the high half of [`LevelChanges`]'s word.
 const ONE_CHANGE: u64 = 1 << 32;
@@ -79,13 +86,16 @@ impl Default for LevelChanges {
     }
 }
 
-/// A token report: (time, tokens).
-pub(super) type Report = (UnixNanos, u64);
+/// A token report: (time, tokens, the ITL gaps passed with them).
+pub(super) type Report = (UnixNanos, u64, Gaps);
 
-/// One request's tokens that passed and are not reported yet.
+/// One request's tokens that passed and are not reported yet, and their ITL gaps (one log bin
+/// and vLLM bucket per run: a gap in another starts a new run, so the meter observes each gap
+/// in the bin the request's own histogram holds it in).
 #[derive(Debug, Default)]
 pub(super) struct TokenRun {
     tokens: u64,
+    gaps: Gaps,
     last_ns: UnixNanos,
     second: u64,
     /// The shared word at this request's previous event.
@@ -98,43 +108,65 @@ impl TokenRun {
         self.seen = changes.load();
     }
 
-    /// `tokens` passed at `now_ns`: what to report now, in order (a pending run first).
+    /// `tokens` passed at `now_ns`, after an ITL gap of `gap` ns (none at a first output):
+    /// what to report now, in order (a pending run first). `alone` reports them at once (they
+    /// start a KV block).
     #[inline]
     pub(super) fn add(
         &mut self,
         changes: &LevelChanges,
         now_ns: UnixNanos,
-        tokens: u64,
+        (tokens, gap): (u64, Option<u64>),
+        alone: bool,
     ) -> [Option<Report>; 2] {
         let word = changes.load();
-        let unchanged = changes.enabled && word == self.seen && word & AWAITING_MASK == 0;
+        let unchanged = !alone && changes.enabled && word == self.seen && word & AWAITING_MASK == 0;
         self.seen = word;
         let second = now_ns / NANOS_PER_SEC;
-        if unchanged && self.tokens > 0 && second == self.second {
+        let fits = gap.is_none_or(|g| self.gaps.fits(g));
+        if unchanged && self.pending() && second == self.second && fits {
             self.tokens += tokens;
+            if let Some(g) = gap {
+                self.gaps.add(g);
+            }
             self.last_ns = now_ns;
             return [None, None];
         }
         let pending = self.take();
         if unchanged {
             self.tokens = tokens;
+            self.gaps = Gaps::of(gap);
             self.last_ns = now_ns;
             self.second = second;
             [pending, None]
         } else {
-            [pending, Some((now_ns, tokens))]
+            [pending, Some((now_ns, tokens, Gaps::of(gap)))]
         }
+    }
+
+    fn pending(&self) -> bool {
+        self.tokens > 0 || self.gaps.count > 0
     }
 
     /// The pending run, to report now (before the end or a restart).
     pub(super) fn take(&mut self) -> Option<Report> {
-        (self.tokens > 0).then(|| (self.last_ns, std::mem::take(&mut self.tokens)))
+        self.pending().then(|| {
+            let gaps = std::mem::take(&mut self.gaps);
+            (self.last_ns, std::mem::take(&mut self.tokens), gaps)
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const NO_GAPS: Gaps = Gaps {
+        count: 0,
+        sum_ns: 0,
+        bin: 0,
+        bucket: 0,
+    };
 
     const S: u64 = NANOS_PER_SEC;
 
@@ -146,25 +178,37 @@ mod tests {
         // The first token is reported alone by the tracker.
         c.no_longer_waiting();
         run.reported_alone(&c);
-        assert_eq!(run.add(&c, 10 * S + 1, 1), [None, None]);
-        assert_eq!(run.add(&c, 10 * S + 2, 2), [None, None]);
+        assert_eq!(run.add(&c, 10 * S + 1, (1, None), false), [None, None]);
+        assert_eq!(run.add(&c, 10 * S + 2, (2, None), false), [None, None]);
         // A new second: the run so far, and the event opens the next one.
-        assert_eq!(run.add(&c, 11 * S, 1), [Some((10 * S + 2, 3)), None]);
+        assert_eq!(
+            run.add(&c, 11 * S, (1, None), false),
+            [Some((10 * S + 2, 3, NO_GAPS)), None]
+        );
         // Another request arrives: the run, then this event alone (its interval holds the
         // arrival); it waits for its first token, so events are reported one by one.
         c.arrival();
         assert_eq!(
-            run.add(&c, 11 * S + 5, 4),
-            [Some((11 * S, 1)), Some((11 * S + 5, 4))]
+            run.add(&c, 11 * S + 5, (4, None), false),
+            [Some((11 * S, 1, NO_GAPS)), Some((11 * S + 5, 4, NO_GAPS))]
         );
-        assert_eq!(run.add(&c, 11 * S + 6, 1), [None, Some((11 * S + 6, 1))]);
+        assert_eq!(
+            run.add(&c, 11 * S + 6, (1, None), false),
+            [None, Some((11 * S + 6, 1, NO_GAPS))]
+        );
         c.no_longer_waiting();
-        assert_eq!(run.add(&c, 11 * S + 7, 1), [None, Some((11 * S + 7, 1))]);
-        assert_eq!(run.add(&c, 11 * S + 8, 1), [None, None]);
-        assert_eq!(run.take(), Some((11 * S + 8, 1)));
+        assert_eq!(
+            run.add(&c, 11 * S + 7, (1, None), false),
+            [None, Some((11 * S + 7, 1, NO_GAPS))]
+        );
+        assert_eq!(run.add(&c, 11 * S + 8, (1, None), false), [None, None]);
+        assert_eq!(run.take(), Some((11 * S + 8, 1, NO_GAPS)));
         assert_eq!(run.take(), None);
         c.change();
-        assert_eq!(run.add(&c, 11 * S + 9, 1), [None, Some((11 * S + 9, 1))]);
+        assert_eq!(
+            run.add(&c, 11 * S + 9, (1, None), false),
+            [None, Some((11 * S + 9, 1, NO_GAPS))]
+        );
     }
 
     #[test]
@@ -173,8 +217,52 @@ mod tests {
         let mut run = TokenRun::default();
         run.reported_alone(&c);
         for t in 1..5 {
-            assert_eq!(run.add(&c, t, 1), [None, Some((t, 1))]);
+            assert_eq!(
+                run.add(&c, t, (1, None), false),
+                [None, Some((t, 1, NO_GAPS))]
+            );
         }
         assert_eq!(run.take(), None);
+    }
+
+    #[test]
+    fn a_token_starting_a_kv_block_is_reported_at_once_with_the_pending_run() {
+        let c = LevelChanges::default();
+        let mut run = TokenRun::default();
+        run.reported_alone(&c);
+        assert_eq!(run.add(&c, 10 * S + 1, (1, None), false), [None, None]);
+        assert_eq!(
+            run.add(&c, 10 * S + 2, (1, None), true),
+            [
+                Some((10 * S + 1, 1, NO_GAPS)),
+                Some((10 * S + 2, 1, NO_GAPS))
+            ]
+        );
+        // Then runs form again.
+        assert_eq!(run.add(&c, 10 * S + 3, (1, None), false), [None, None]);
+        assert_eq!(run.take(), Some((10 * S + 3, 1, NO_GAPS)));
+    }
+
+    #[test]
+    fn gaps_join_a_run_in_their_bin_and_one_in_another_starts_the_next() {
+        let c = LevelChanges::default();
+        let mut run = TokenRun::default();
+        run.reported_alone(&c);
+        let ms = 1_000_000;
+        assert_eq!(run.add(&c, S + 1, (1, Some(20 * ms)), false), [None, None]);
+        assert_eq!(
+            run.add(&c, S + 2, (1, Some(20 * ms + 1)), false),
+            [None, None]
+        );
+        // 60 ms: another bin and vLLM bucket.
+        let [pending, alone] = run.add(&c, S + 3, (1, Some(60 * ms)), false);
+        assert_eq!(alone, None);
+        let (t, n, g) = pending.unwrap();
+        assert_eq!((t, n, g.count, g.sum_ns), (S + 2, 2, 2, 40 * ms + 1));
+        let (_, _, g) = run.take().unwrap();
+        assert_eq!((g.count, g.sum_ns), (1, 60 * ms));
+        // A gap on an event without tokens is kept and reported too.
+        assert_eq!(run.add(&c, S + 4, (0, Some(60 * ms)), false), [None, None]);
+        assert_eq!(run.take().map(|(_, n, g)| (n, g.count)), Some((0, 1)));
     }
 }

@@ -14,7 +14,7 @@ use std::time::Instant;
 use crate::clock::{Clock, UnixNanos};
 use crate::dialect::{Api, EventSummary};
 use crate::fleet::Load;
-use crate::itl::ItlHistogram;
+use crate::itl::{Gaps, ItlHistogram};
 use crate::observe::Observer;
 use crate::openai::ServerTimings;
 use crate::proxy::request_id::RequestId;
@@ -82,8 +82,9 @@ pub struct Tracker {
     meta: RequestMeta,
     metered: bool,
     announced: bool,
-    /// The prompt's size was reported to the observers.
+    /// The prompt's size was reported to the observers, and the size reported.
     prompt_announced: bool,
+    announced_prompt: u64,
     cold: bool,
     in_flight_at_start: u32,
     status: Option<u16>,
@@ -157,6 +158,7 @@ impl Tracker {
             metered,
             announced: false,
             prompt_announced: false,
+            announced_prompt: 0,
             cold,
             in_flight_at_start,
             meta,
@@ -329,7 +331,7 @@ impl Tracker {
             self.error_event = true;
         }
         // `now` on the Unix clock, converted once and only for an event that carries output.
-        let mut now_ns = None;
+        let (mut now_ns, mut gap) = (None, None);
         if streamed {
             if s.choices > 0 && self.bench_ttft.is_none() {
                 self.bench_ttft = Some(now);
@@ -342,8 +344,9 @@ impl Tracker {
                 let ns = Clock::global().at(now);
                 now_ns = Some(ns);
                 if let Some(prev) = self.last_output_ns {
-                    let gap = ns.saturating_sub(prev);
-                    self.itl.get_or_insert_with(Default::default).record(gap);
+                    let g = ns.saturating_sub(prev);
+                    self.itl.get_or_insert_with(Default::default).record(g);
+                    gap = Some(g);
                 }
                 self.last_output_ns = Some(ns);
             }
@@ -380,6 +383,7 @@ impl Tracker {
             // (Messages' first event, or every event with continuous usage).
             if let (false, Some(p)) = (self.prompt_announced, self.usage_prompt) {
                 self.prompt_announced = true;
+                self.announced_prompt = p;
                 for o in &self.shared.observers {
                     o.prompt_tokens(self.id, p);
                 }
@@ -390,18 +394,29 @@ impl Tracker {
                 Some(total) => total.saturating_sub(self.attributed),
                 None => s.output as u64,
             };
-            if delta > 0 {
+            // A gap goes to the meter with the tokens (vLLM observes ITL as it passes), or alone.
+            if delta > 0 || (gap.is_some() && !self.waiting) {
                 self.attributed += delta;
                 let now_ns = now_ns.unwrap_or_else(|| Clock::global().at(now));
-                self.curve.push(now_ns, delta);
+                if delta > 0 {
+                    self.curve.push(now_ns, delta);
+                }
                 let changes = &self.shared.level_changes;
                 if std::mem::take(&mut self.waiting) {
                     // The first token closes the request's guard: reported at once.
                     changes.no_longer_waiting();
                     self.run.reported_alone(changes);
-                    self.report_tokens((now_ns, delta));
+                    self.report_tokens((now_ns, delta, Gaps::of(gap)));
                 } else {
-                    for r in self.run.add(changes, now_ns, delta).into_iter().flatten() {
+                    let held = self.announced_prompt + self.attributed;
+                    let index = self.upstream.as_ref().map_or(0, |u| u.index);
+                    let alone = self.shared.starts_block(index, held - delta, held);
+                    for r in self
+                        .run
+                        .add(changes, now_ns, (delta, gap), alone)
+                        .into_iter()
+                        .flatten()
+                    {
                         self.report_tokens(r);
                     }
                 }
@@ -410,12 +425,12 @@ impl Tracker {
     }
 
     /// Tells the observers of `tokens` passed by `now_ns`.
-    fn report_tokens(&self, (now_ns, tokens): (UnixNanos, u64)) {
+    fn report_tokens(&self, (now_ns, tokens, gaps): (UnixNanos, u64, Gaps)) {
         for o in &self.shared.observers {
-            o.tokens(self.id, now_ns, tokens);
+            o.tokens(self.id, now_ns, tokens, gaps);
         }
         if let Some(o) = self.upstream_observer() {
-            o.tokens(self.id, now_ns, tokens);
+            o.tokens(self.id, now_ns, tokens, gaps);
         }
     }
 

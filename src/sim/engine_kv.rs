@@ -1,7 +1,13 @@
 //! How the engine's requests take, grow and give back KV blocks: admission when the prompt's
-//! blocks (less its prefix-cache hits) fit, one more block whenever a sequence's next token
+//! blocks (less its prefix-cache hits) fit, one more block whenever the token a step computes
 //! starts one, preemption of the most recently admitted request when none is free (vLLM V1's
 //! recompute mode), and the block truth published at each step boundary.
+//!
+//! Room is made as vLLM V1's scheduler makes it (`allocate_slots` for the step's
+//! `num_new_tokens`): a step computes the keys and values of the tokens its sequences already
+//! have (the prompt at admission, the last generated token in decode), so a sequence of
+//! `prompt + generated` tokens holds `ceil((prompt + generated) / block_size)` blocks while the
+//! step runs. The token the step samples gets its slot when the next step is scheduled.
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -43,20 +49,21 @@ impl<S> Active<S> {
 
 impl<S: Sink> Engine<S> {
     /// Blocks running request `i` needs beyond those it holds, for the token each of its live
-    /// sequences generates in the coming step.
+    /// sequences feeds to the coming step (its last generated one).
     fn growth_need(&self, i: usize) -> u64 {
         let a = &self.running[i];
         let p = a.job.prompt_tokens;
         (0..a.generated.len())
             .filter(|c| !a.done[*c])
             .map(|c| {
-                let want = self.pool.blocks_for(p + a.generated[c] + 1);
+                let want = self.pool.blocks_for(p + a.generated[c]);
                 want.saturating_sub(a.blocks[c].table.len() as u64)
             })
             .sum()
     }
 
-    /// Gives every running sequence a block for its next token where it needs one. When none is
+    /// Gives every running sequence a block for the token it feeds to the step where it needs
+    /// one. When none is
     /// free, the most recently admitted request is preempted (blocks freed, back to the front of
     /// the queue, to be computed again when admitted), until the need fits or the request
     /// itself was the one preempted. Returns the number of preemptions.
@@ -82,7 +89,7 @@ impl<S: Sink> Engine<S> {
                 let p = a.job.prompt_tokens;
                 for c in 0..a.generated.len() {
                     if !a.done[c] {
-                        self.pool.grow_to(&mut a.blocks[c], p + a.generated[c] + 1);
+                        self.pool.grow_to(&mut a.blocks[c], p + a.generated[c]);
                     }
                 }
             }
@@ -103,7 +110,8 @@ impl<S: Sink> Engine<S> {
     }
 
     /// Admits the request at the front of the queue when its blocks fit: its cached prefix is
-    /// taken, blocks for the rest of its tokens and the step's token allocated. Returns the
+    /// taken, blocks for the rest of its tokens (the prompt, and what a preempted request had
+    /// generated: all are computed again) allocated. Returns the
     /// tokens its prefill computes (the longest of its sequences'), or `None` (it stays first).
     ///
     /// A request never admitted before counts its prompt in `prefix_cache_queries` and what was
@@ -134,7 +142,7 @@ impl<S: Sink> Engine<S> {
         // Every sequence but the first is counted without hits: never more than it takes.
         let need: u64 = live
             .iter()
-            .map(|c| self.pool.blocks_for(p + front.generated[*c] + 1))
+            .map(|c| self.pool.blocks_for(p + front.generated[*c]))
             .sum::<u64>()
             - found.blocks.len() as u64
             + found.evictable;
@@ -153,7 +161,7 @@ impl<S: Sink> Engine<S> {
                 Lookup::default()
             };
             a.blocks[c] = self.pool.take(&f);
-            self.pool.grow_to(&mut a.blocks[c], tokens + 1);
+            self.pool.grow_to(&mut a.blocks[c], tokens);
             computed = computed.max(tokens - f.blocks.len() as u64 * bs);
             if known {
                 let ids = &a.job.prompt_ids;
@@ -186,9 +194,11 @@ impl<S: Sink> Engine<S> {
         l.kv_requests.clear();
         for a in self.running.iter().filter(|a| a.timings_pending()) {
             let p = a.job.prompt_tokens;
+            // The block tables themselves: shared prefix blocks count once per sequence here,
+            // once in `used` below.
             let blocks: u64 = (0..a.generated.len())
                 .filter(|c| !a.done[*c])
-                .map(|c| self.pool.blocks_for(p + a.generated[c]))
+                .map(|c| a.blocks[c].table.len() as u64)
                 .sum();
             held += blocks;
             l.kv_requests.push(RequestKv {

@@ -75,7 +75,8 @@ pub struct RequestKv {
     pub prompt_tokens: u64,
     /// Tokens generated so far, all its sequences together.
     pub generated_tokens: u64,
-    /// Σ over its live sequences of ceil((prompt + generated) / block_size).
+    /// Σ over its live sequences of the blocks in its block table: ceil((prompt + generated) /
+    /// block_size) while a step runs (published when it is scheduled).
     pub blocks: u64,
     /// Prompt tokens found in the prefix cache at its first admission.
     pub cached_tokens: u64,

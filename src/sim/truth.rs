@@ -19,8 +19,10 @@ pub struct KvTruth {
     pub usable_blocks: u64,
     /// Prefix caching on.
     pub enable_prefix_caching: bool,
-    /// Σ over running sequences of ceil((prompt + generated) / block_size): equals
-    /// `blocks_in_use` at a step's end when prefix caching is off (no block is shared).
+    /// Σ over running sequences of the blocks in their block tables. While a step runs (the
+    /// engine publishes when it schedules one) that is ceil((prompt + generated) / block_size)
+    /// per sequence, as vLLM V1 allocates for the tokens a step computes; it equals
+    /// `blocks_in_use` when prefix caching is off (no block is shared).
     pub blocks_held: u64,
     /// Distinct blocks in use (shared prefix blocks once); `vllm:kv_cache_usage_perc` =
     /// `blocks_in_use / usable_blocks`.

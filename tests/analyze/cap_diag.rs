@@ -36,7 +36,7 @@ impl Observer for Rec {
     fn started(&self, id: u64, now: UnixNanos, _: &Arc<str>, _: Option<&Arc<str>>) {
         self.0.lock().unwrap().push(Ev::Start(id, now));
     }
-    fn tokens(&self, id: u64, now: UnixNanos, n: u64) {
+    fn tokens(&self, id: u64, now: UnixNanos, n: u64, _: tokenmeter::itl::Gaps) {
         self.0.lock().unwrap().push(Ev::Tok(id, now, n));
     }
     fn finished(&self, id: u64, now: UnixNanos, r: &Arc<RequestRecord>, metered: bool) {

@@ -18,6 +18,7 @@ mod meter_kv;
 mod meter_kv_sim;
 mod meter_levels;
 mod meter_live;
+mod meter_live_latency;
 mod meter_prometheus;
 mod meter_props;
 mod meter_timeline;

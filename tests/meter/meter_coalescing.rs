@@ -26,7 +26,7 @@ struct CountReports(AtomicU64);
 
 impl Observer for CountReports {
     fn started(&self, _: u64, _: UnixNanos, _: &Arc<str>, _: Option<&Arc<str>>) {}
-    fn tokens(&self, _: u64, _: UnixNanos, _: u64) {
+    fn tokens(&self, _: u64, _: UnixNanos, _: u64, _: tokenmeter::itl::Gaps) {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
     fn finished(&self, _: u64, _: UnixNanos, _: &Arc<RequestRecord>, _: bool) {}

@@ -259,3 +259,26 @@ fn a_preemption_names_the_window_preempting() {
     );
     assert_eq!(m.saturation_now(T0 + 31 * NANOS_PER_SEC), None);
 }
+
+#[test]
+fn headroom_extrapolates_the_estimates_growth_to_the_time_until_full() {
+    let mut m = meter();
+    // The recorded cache: 8191 usable blocks of 128 tokens; vLLM's usage 0 (the estimate rules).
+    m.server_sample(sample(at(10.5), 0.0, 0.0, 0.0));
+    // One request a second from 11 s to 20 s, each holding 1279 + 1 tokens: 10 blocks.
+    for k in 11..=20u64 {
+        m.request_started(at(k as f64), k, "agent", Some("m"));
+        m.prompt_tokens(k, 1279);
+        m.tokens(at(k as f64 + 0.1), k, 1);
+    }
+    let s = m.snapshot(at(21.5), &SnapshotQuery::default()).unwrap();
+    let h = &s.kv.headroom;
+    assert_eq!(s.kv.estimate.blocks, Some(100));
+    // The 10 s window: 0 blocks at second 11's first event, 100 at second 21.
+    assert_eq!(h.growth_blocks_per_s, Some(10.0));
+    assert_eq!(h.seconds_to_full, Some((8191.0 - 100.0) / 10.0));
+    // No growth over the next window (nothing new): not filling, no time to full.
+    let s = m.snapshot(at(40.5), &SnapshotQuery::default()).unwrap();
+    assert_eq!(s.kv.headroom.growth_blocks_per_s, Some(0.0));
+    assert_eq!(s.kv.headroom.seconds_to_full, None);
+}

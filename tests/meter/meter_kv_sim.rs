@@ -57,7 +57,6 @@ async fn proxy_for(sim: &tokenmeter::sim::SimHandle) -> TestProxy {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails: the estimate reads 2 to 5 blocks below /sim/truth's blocks_held at quiet moments (42 vs 44..47 with 6 streams); cause not yet found"]
 async fn live_estimate_equals_the_simulators_blocks_held_without_prefix_caching() {
     // Slow steps leave quiet moments between the events to read both sides in.
     let sim = start_sim(SimConfig {

@@ -1,6 +1,7 @@
 //! The engine's KV cache against hand-computed truths: admission waits for blocks, a sequence
 //! that needs a block when none is free preempts the most recently admitted request, the block
-//! truth follows ceil((prompt + generated) / block_size) per sequence, and the prefix cache finds
+//! truth follows vLLM V1's allocation (ceil((prompt + generated) / block_size) per sequence while
+//! a step runs, the sampled token without a slot at its end), and the prefix cache finds
 //! the previous call of a conversation (prompt + answer, in whole blocks, never the last token),
 //! which shortens the prefill.
 
@@ -93,7 +94,8 @@ fn run_until_idle(e: &mut Engine<Rec>, mut t: u64) -> u64 {
 #[test]
 fn admission_waits_until_the_prompt_blocks_fit() {
     let (mut e, stats) = engine(small(false));
-    // 21 tokens after the first step: 6 blocks of 4. Two such requests need 12 of 8.
+    // 20 prompt tokens: 5 blocks of 4 (the prefill computes 20 tokens; the token it samples
+    // gets its slot when the next step is scheduled). Two such requests need 10 of 8.
     let (a, ra) = job(20, 3, Vec::new());
     let (b, rb) = job(20, 3, Vec::new());
     e.submit(a);
@@ -101,8 +103,8 @@ fn admission_waits_until_the_prompt_blocks_fit() {
     let t = step(&mut e, 0);
     assert_eq!(e.waiting_len(), 1, "the second waits for blocks, not slots");
     assert_eq!(stats.waiting.load(Relaxed), 1);
-    assert_eq!(stats.kv_blocks_held.load(Relaxed), 6, "ceil((20 + 1) / 4)");
-    assert_eq!(stats.kv_blocks_used.load(Relaxed), 6);
+    assert_eq!(stats.kv_blocks_held.load(Relaxed), 5, "ceil(20 / 4)");
+    assert_eq!(stats.kv_blocks_used.load(Relaxed), 5);
     assert_eq!(stats.kv_blocks_usable.load(Relaxed), 8);
     run_until_idle(&mut e, t);
     assert_eq!((ra.tokens(), rb.tokens()), (3, 3));
@@ -116,7 +118,7 @@ fn admission_waits_until_the_prompt_blocks_fit() {
 #[test]
 fn growth_without_a_free_block_preempts_the_latest_admitted() {
     let (mut e, stats) = engine(small(false));
-    // 14 + 1 tokens: 4 blocks each, all 8 taken after the first step.
+    // 14 prompt tokens: 4 blocks each, all 8 taken by the two prefills.
     let (a, ra) = job(14, 6, Vec::new());
     let (b, rb) = job(14, 6, Vec::new());
     e.submit(a);
@@ -124,16 +126,17 @@ fn growth_without_a_free_block_preempts_the_latest_admitted() {
     let mut t = step(&mut e, 0);
     assert_eq!(e.running_seqs(), 2);
     assert_eq!(stats.kv_blocks_held.load(Relaxed), 8);
-    // 16 tokens still fit 4 blocks.
+    // The steps computing tokens 15 and 16 still fit 4 blocks.
+    t = step(&mut e, t);
     t = step(&mut e, t);
     assert_eq!(stats.preemptions.load(Relaxed), 0);
-    assert_eq!((ra.tokens(), rb.tokens()), (2, 2));
-    // The 17th token needs a fifth block each: b (admitted last) is preempted for a.
+    assert_eq!((ra.tokens(), rb.tokens()), (3, 3));
+    // The step computing token 17 needs a fifth block each: b (admitted last) is preempted for a.
     t = step(&mut e, t);
     assert_eq!(stats.preemptions.load(Relaxed), 1);
     assert_eq!(e.running_seqs(), 1);
     assert_eq!(e.waiting_len(), 1);
-    assert_eq!((ra.tokens(), rb.tokens()), (3, 2), "b keeps what it sent");
+    assert_eq!((ra.tokens(), rb.tokens()), (4, 3), "b keeps what it sent");
     assert_eq!(
         stats.kv_blocks_held.load(Relaxed),
         5,
@@ -161,18 +164,31 @@ fn truth_blocks_are_prompt_plus_generated_rounded_up_per_sequence() {
     let (b, _) = job(17, 40, Vec::new());
     e.submit(a);
     e.submit(b);
-    let mut t = 0;
+    let mut t = step(&mut e, 0);
+    let held = |s: &Stats| {
+        let per: Vec<u64> = s.lock().kv_requests.iter().map(|r| r.blocks).collect();
+        (
+            s.kv_blocks_held.load(Relaxed),
+            s.kv_blocks_used.load(Relaxed),
+            per,
+        )
+    };
     for g in 1..=20u64 {
-        t = step(&mut e, t);
-        let want = (30 + g).div_ceil(16) + (17 + g).div_ceil(16);
-        assert_eq!(stats.kv_blocks_held.load(Relaxed), want, "after {g} tokens");
+        // At the step's end the sampled token g has no slot yet: prompt + g − 1 tokens.
+        let per = [(30 + g - 1).div_ceil(16), (17 + g - 1).div_ceil(16)];
+        let want = per[0] + per[1];
+        assert_eq!(held(&stats), (want, want, per.to_vec()), "after {g} tokens");
+        // The next step scheduled (what a client reads while it runs): prompt + g tokens.
+        let d = e.begin_step(t).expect("running");
+        let per = [(30 + g).div_ceil(16), (17 + g).div_ceil(16)];
+        let want = per[0] + per[1];
         assert_eq!(
-            stats.kv_blocks_used.load(Relaxed),
-            want,
-            "without prefix caching, in use = held at a step's end"
+            held(&stats),
+            (want, want, per.to_vec()),
+            "while the step after {g} tokens runs; without prefix caching, in use = held"
         );
-        let per: Vec<u64> = stats.lock().kv_requests.iter().map(|r| r.blocks).collect();
-        assert_eq!(per, [(30 + g).div_ceil(16), (17 + g).div_ceil(16)]);
+        t += d;
+        e.finish_step(t, 0);
     }
 }
 

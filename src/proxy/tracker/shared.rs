@@ -1,5 +1,5 @@
 //! What every request of one proxy shares: the observers, the in-flight count, request ids, the
-//! clock, the service level and the session table.
+//! clock, the service level, the session table and the upstreams' KV block sizes.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -31,6 +31,10 @@ pub struct TrackerShared {
     pub(super) slo: SloConfig,
     /// The agent sessions seen, for the prefix-cache audit.
     pub sessions: SessionTable,
+    /// Each scraped upstream's KV `block_size` (0 while unknown), by upstream index, set by its
+    /// scrape: a token that starts a new block is reported at once, so the meter's live KV
+    /// estimate counts every request's blocks exactly (`docs/kv-cache.md`).
+    pub kv_block_size: Vec<AtomicU64>,
 }
 
 impl TrackerShared {
@@ -47,7 +51,27 @@ impl TrackerShared {
             level_changes: LevelChanges::default(),
             slo: SloConfig::default(),
             sessions: SessionTable::default(),
+            kv_block_size: vec![AtomicU64::new(0)],
         }
+    }
+
+    /// One KV block size per upstream (`n` scraped upstreams; at least one).
+    #[must_use]
+    pub fn with_kv_upstreams(mut self, n: usize) -> Self {
+        self.kv_block_size = (0..n.max(1)).map(|_| AtomicU64::new(0)).collect();
+        self
+    }
+
+    /// Whether a sequence growing from `before` to `after` tokens (prompt and generated, on the
+    /// upstream of index `upstream`) starts a KV block: `ceil(n / block_size)` changes. False
+    /// while the block size is unknown.
+    pub(super) fn starts_block(&self, upstream: usize, before: u64, after: u64) -> bool {
+        let bs = self
+            .kv_block_size
+            .get(upstream)
+            .or(self.kv_block_size.first())
+            .map_or(0, |b| b.load(std::sync::atomic::Ordering::Relaxed));
+        bs > 0 && before.div_ceil(bs) != after.div_ceil(bs)
     }
 
     /// The same, judging requests against `slo` (default: [`SloConfig::default`]).
