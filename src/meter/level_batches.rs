@@ -29,6 +29,8 @@ pub struct BatchSums {
     pub ts: f64,
     /// The open batch's time, ns.
     pub open_ns: u64,
+    /// The open batch's weight (its seconds, or sequence-seconds).
+    pub open_weight: f64,
     /// The open batch's tokens.
     pub open_tokens: f64,
 }
@@ -36,10 +38,17 @@ pub struct BatchSums {
 impl BatchSums {
     /// Adds a clean piece of `ns` with `tokens`; closes the batch once it holds [`BATCH_NS`].
     pub fn add(&mut self, ns: u64, tokens: f64) {
+        self.add_weighted(ns, ns as f64 / NANOS_PER_SEC as f64, tokens);
+    }
+
+    /// Adds a clean piece of `ns` worth `weight` units of the rate's denominator (seconds, or
+    /// sequence-seconds for a per-sequence pace) with `tokens`; batches still close by time.
+    pub fn add_weighted(&mut self, ns: u64, weight: f64, tokens: f64) {
         self.open_ns += ns;
+        self.open_weight += weight;
         self.open_tokens += tokens;
         if self.open_ns >= BATCH_NS {
-            let s = self.open_ns as f64 / NANOS_PER_SEC as f64;
+            let s = self.open_weight;
             let t = self.open_tokens;
             self.n += 1;
             self.s += s;
@@ -48,6 +57,7 @@ impl BatchSums {
             self.tt += t * t;
             self.ts += t * s;
             self.open_ns = 0;
+            self.open_weight = 0.0;
             self.open_tokens = 0.0;
         }
     }

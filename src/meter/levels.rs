@@ -81,6 +81,10 @@ struct Segment {
     level: u32,
     guarded: bool,
     tokens: f64,
+    /// Requests in flight whose tokens the proxy sees as they are made (past a first token).
+    seen: u32,
+    /// Tokens of those requests credited here.
+    seen_tokens: f64,
 }
 
 /// Time and tokens at one level.
@@ -96,6 +100,36 @@ pub struct LevelSums {
     pub guard_tokens: f64,
     /// The clean time in batches of at least [`BATCH_NS`], for the rate's confidence interval.
     pub batches: BatchSums,
+    /// Clean time × the requests in flight past a first token (streamed ones, whose tokens
+    /// are placed where they were made), sequence-seconds.
+    pub seen_seq_s: f64,
+    /// Tokens of those requests credited to clean time.
+    pub seen_tokens: f64,
+    /// The same in batches of at least [`BATCH_NS`] of clean time, for the pace's interval.
+    pub seen_batches: BatchSums,
+}
+
+impl LevelSums {
+    /// Per-sequence decode pace over the clean time, tokens/s: from the requests whose tokens
+    /// were placed where they were made (past a first token), when they had at least
+    /// `min_seq_s` sequence-seconds; else from every token, `clean tokens / clean s / N`.
+    /// A non-streamed request's tokens are spread evenly over its life, guarded stalls
+    /// included, which puts too few of them in clean time.
+    pub fn pace(&self, n: u32, min_seq_s: f64) -> Option<(f64, Option<f64>)> {
+        if self.seen_seq_s >= min_seq_s && self.seen_seq_s > 0.0 {
+            return Some((
+                self.seen_tokens / self.seen_seq_s,
+                self.seen_batches.rate_ci95(),
+            ));
+        }
+        let secs = self.clean_ns as f64 / NANOS_PER_SEC as f64;
+        (secs > 0.0 && n > 0).then(|| {
+            (
+                self.clean_tokens / secs / n as f64,
+                self.batches.rate_ci95().map(|c| c / n as f64),
+            )
+        })
+    }
 }
 
 /// The attribution of one scope's tokens to its in-flight levels.
@@ -112,6 +146,8 @@ pub struct LevelAttribution {
     /// Requests of `arrivals` whose guard the cap closed, with the time it closed: their first
     /// token, if it comes, makes the time since then guarded.
     capped: HashMap<u64, UnixNanos>,
+    /// Requests in flight past a first token.
+    seen: HashSet<u64>,
     /// The last first-token delays, ns.
     recent_ttft: VecDeque<u64>,
     /// Deadlines: (when, key); key 0 is an anonymous extra guard.
@@ -133,6 +169,8 @@ impl LevelAttribution {
             level: 0,
             guarded: false,
             tokens: 0.0,
+            seen: 0,
+            seen_tokens: 0.0,
         });
         LevelAttribution {
             cfg,
@@ -141,6 +179,7 @@ impl LevelAttribution {
             open_guards: HashSet::new(),
             arrivals: HashMap::new(),
             capped: HashMap::new(),
+            seen: HashSet::new(),
             recent_ttft: VecDeque::new(),
             deadlines: BinaryHeap::new(),
             extra_guards: 0,
@@ -158,12 +197,14 @@ impl LevelAttribution {
     fn split(&mut self, t: UnixNanos) {
         let guarded = self.guarded();
         let level = self.level;
+        let seen = self.seen.len() as u32;
         if let Some(last) = self.history.back_mut() {
             last.end = last.end.max(t);
             if last.start >= t {
                 // An empty segment takes the new state instead of leaving a zero-length one.
                 last.level = level;
                 last.guarded = guarded;
+                last.seen = seen;
                 return;
             }
         }
@@ -173,6 +214,8 @@ impl LevelAttribution {
             level,
             guarded,
             tokens: 0.0,
+            seen,
+            seen_tokens: 0.0,
         });
         if self.history.len() > MAX_SEGMENTS {
             self.finalize_front();
@@ -240,6 +283,8 @@ impl LevelAttribution {
                 self.recent_ttft.pop_front();
             }
             self.recent_ttft.push_back(now.saturating_sub(arrival));
+            self.seen.insert(key.0);
+            self.split(self.now);
         }
         if let Some(closed) = self.capped.remove(&key.0) {
             self.guard_since(closed);
@@ -270,17 +315,20 @@ impl LevelAttribution {
         self.open_guards.remove(&key.0);
         self.arrivals.remove(&key.0);
         self.capped.remove(&key.0);
+        self.seen.remove(&key.0);
         self.level = self.level.saturating_sub(1);
         self.extra_guard(self.now);
         self.split(self.now);
     }
 
-    /// Credits `amount` tokens produced over `[from, to]` to the segments it overlaps (`to` at
-    /// most the latest time seen). A zero-length interval credits the segment holding `to`.
-    pub fn tokens(&mut self, from: UnixNanos, to: UnixNanos, amount: f64) {
+    /// Credits `amount` tokens of the request of `key`, produced over `[from, to]`, to the
+    /// segments it overlaps (`to` at most the latest time seen). A zero-length interval credits
+    /// the segment holding `to`.
+    pub fn tokens(&mut self, key: GuardKey, from: UnixNanos, to: UnixNanos, amount: f64) {
         if amount == 0.0 || !amount.is_finite() || self.history.is_empty() {
             return;
         }
+        let seen = self.seen.contains(&key.0);
         let oldest = self.history.front().map_or(0, |s| s.start);
         let to = to.min(self.now).max(oldest);
         let from = from.clamp(oldest, to);
@@ -291,6 +339,9 @@ impl LevelAttribution {
                 .rposition(|s| s.start <= to)
                 .unwrap_or(0);
             self.history[idx].tokens += amount;
+            if seen {
+                self.history[idx].seen_tokens += amount;
+            }
             return;
         }
         let len = (to - from) as f64;
@@ -301,7 +352,11 @@ impl LevelAttribution {
             let a = s.start.max(from);
             let b = s.end.min(to);
             if b > a {
-                s.tokens += amount * (b - a) as f64 / len;
+                let share = amount * (b - a) as f64 / len;
+                s.tokens += share;
+                if seen {
+                    s.seen_tokens += share;
+                }
             }
         }
     }
@@ -318,6 +373,10 @@ impl LevelAttribution {
                     e.clean_ns += ns;
                     e.clean_tokens += s.tokens;
                     e.batches.add(ns, s.tokens);
+                    let seq_s = ns as f64 * f64::from(s.seen) / NANOS_PER_SEC as f64;
+                    e.seen_seq_s += seq_s;
+                    e.seen_tokens += s.seen_tokens;
+                    e.seen_batches.add_weighted(ns, seq_s, s.seen_tokens);
                 }
             }
         }
@@ -459,7 +518,7 @@ mod tests {
         // 10 tokens per second, spread over the gaps that produced them.
         for i in 1..=20u64 {
             let t = 100 * MS + i * 100 * MS;
-            a.tokens(t - 100 * MS, t, 1.0);
+            a.tokens(k1, t - 100 * MS, t, 1.0);
         }
         a.depart(2100 * MS, k1);
         a.advance(3 * S);
@@ -480,7 +539,7 @@ mod tests {
         a.first_token(S, k2);
         a.advance(2 * S);
         // Request 1's tokens over [0, 2 s]: half at level 1, half at level 2.
-        a.tokens(0, 2 * S, 10.0);
+        a.tokens(k1, 0, 2 * S, 10.0);
         a.depart(2 * S, k1);
         a.depart(2 * S, k2);
         a.finalize_before(2 * S);
@@ -533,10 +592,10 @@ mod tests {
         a.advance(1200 * MS);
         a.first_token(2500 * MS, k1);
         a.first_token(2500 * MS, k2);
-        a.tokens(0, 2500 * MS, 2.0);
+        a.tokens(k1, 0, 2500 * MS, 2.0);
         for i in 1..=10u64 {
             let t = 2500 * MS + i * 100 * MS;
-            a.tokens(t - 100 * MS, t, 2.0);
+            a.tokens(k1, t - 100 * MS, t, 2.0);
         }
         a.depart(3500 * MS, k1);
         a.depart(3500 * MS, k2);

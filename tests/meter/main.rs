@@ -24,3 +24,5 @@ mod meter_timeline;
 mod meter_vs_sim;
 mod meter_windows;
 mod service_level;
+mod service_level_agents;
+mod sim_traffic;
