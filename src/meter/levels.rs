@@ -28,6 +28,10 @@
 //! * Per level N: clean seconds, the tokens credited to them, the aggregate rate
 //!   `clean tokens / clean seconds`, and (to measure the guard's effect) the same over all the
 //!   time at N, guarded included.
+//! * Per level N also the streamed sequences' own pace ([`LevelSums::pace`]): the tokens of the
+//!   requests past a first token over their sequence-seconds of clean time. A non-streamed
+//!   request's tokens are spread evenly over its life, guarded stalls included, so
+//!   `clean tokens / clean s` reads low when a share of the traffic is non-streamed.
 //!
 //! A segment is final once no request can still credit tokens to it: it ended before every open
 //! request's spreading start (its previous event, or its arrival before the first one). Then its
@@ -38,12 +42,12 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 
-use serde::Serialize;
-
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
 
-use super::level_batches::BatchSums;
-use super::summary::Percentiles;
+pub use super::level_batches::LevelSums;
+pub use super::production_rows::{
+    production_rows, ProductionPerRequest, ProductionRow, RequestFiguresAt,
+};
 
 /// First-token delays remembered for the guard's cap.
 pub const RECENT_TTFTS: usize = 64;
@@ -85,51 +89,6 @@ struct Segment {
     seen: u32,
     /// Tokens of those requests credited here.
     seen_tokens: f64,
-}
-
-/// Time and tokens at one level.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct LevelSums {
-    /// Clean time, ns.
-    pub clean_ns: u64,
-    /// Tokens credited to clean time.
-    pub clean_tokens: f64,
-    /// Guarded time, ns.
-    pub guard_ns: u64,
-    /// Tokens credited to guarded time.
-    pub guard_tokens: f64,
-    /// The clean time in batches of at least [`BATCH_NS`], for the rate's confidence interval.
-    pub batches: BatchSums,
-    /// Clean time × the requests in flight past a first token (streamed ones, whose tokens
-    /// are placed where they were made), sequence-seconds.
-    pub seen_seq_s: f64,
-    /// Tokens of those requests credited to clean time.
-    pub seen_tokens: f64,
-    /// The same in batches of at least [`BATCH_NS`] of clean time, for the pace's interval.
-    pub seen_batches: BatchSums,
-}
-
-impl LevelSums {
-    /// Per-sequence decode pace over the clean time, tokens/s: from the requests whose tokens
-    /// were placed where they were made (past a first token), when they had at least
-    /// `min_seq_s` sequence-seconds; else from every token, `clean tokens / clean s / N`.
-    /// A non-streamed request's tokens are spread evenly over its life, guarded stalls
-    /// included, which puts too few of them in clean time.
-    pub fn pace(&self, n: u32, min_seq_s: f64) -> Option<(f64, Option<f64>)> {
-        if self.seen_seq_s >= min_seq_s && self.seen_seq_s > 0.0 {
-            return Some((
-                self.seen_tokens / self.seen_seq_s,
-                self.seen_batches.rate_ci95(),
-            ));
-        }
-        let secs = self.clean_ns as f64 / NANOS_PER_SEC as f64;
-        (secs > 0.0 && n > 0).then(|| {
-            (
-                self.clean_tokens / secs / n as f64,
-                self.batches.rate_ci95().map(|c| c / n as f64),
-            )
-        })
-    }
 }
 
 /// The attribution of one scope's tokens to its in-flight levels.
@@ -401,111 +360,10 @@ impl LevelAttribution {
     }
 }
 
-/// Per-request figures of one level that come from finished requests rather than from time.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RequestFiguresAt {
-    /// Lowest `tok_s` of a request whose mean in-flight level rounds to N.
-    pub tok_s_min: Option<f64>,
-    /// Highest such `tok_s`.
-    pub tok_s_max: Option<f64>,
-    /// TTFT of requests that arrived at N, cold starts excluded.
-    pub ttft_ms: Percentiles,
-}
-
-/// Per-request throughput of a production row.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct ProductionPerRequest {
-    /// Lowest `tok_s` of a request of this level (mean in-flight over its life rounds to N).
-    pub min: Option<f64>,
-    /// `gen_tok_s / N`; `null` when the row is thin.
-    pub avg: Option<f64>,
-    /// Highest `tok_s` of a request of this level.
-    pub max: Option<f64>,
-}
-
-/// One row of the production-traffic curve: everything measured over all the clean time at N.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ProductionRow {
-    /// The level N.
-    pub in_flight: u32,
-    /// Clean seconds at N: the time base of the figures.
-    pub seconds: f64,
-    /// Seconds at N excluded by guards.
-    pub guard_s: f64,
-    /// `seconds` is below the minimum (`capacity_min_s`): the rates are `null`.
-    pub thin: bool,
-    /// Tokens credited to the clean seconds.
-    pub tokens: f64,
-    /// Aggregate generation rate, `tokens / seconds`; `null` when thin.
-    pub gen_tok_s: Option<f64>,
-    /// The same over all the time at N, guarded included (shows what the guard removes); `null`
-    /// when thin.
-    pub gen_tok_s_unguarded: Option<f64>,
-    /// Per-request throughput at N.
-    pub per_request_tok_s: ProductionPerRequest,
-    /// TTFT percentiles of requests that arrived at N, cold starts excluded.
-    pub ttft_ms: Percentiles,
-    /// `gen_tok_s / gen_tok_s at N = 1`; `null` without a non-thin N = 1 row.
-    pub scaling: Option<f64>,
-    /// `gen_tok_s / gen_tok_s of the previous non-thin row - 1`; `null` for the first one.
-    pub marginal_gain: Option<f64>,
-}
-
-/// The production rows of `sums`, levels with less than `min_s` clean seconds marked thin;
-/// `requests(N)` supplies the per-request figures of level N.
-pub fn production_rows(
-    sums: &BTreeMap<u32, LevelSums>,
-    min_s: f64,
-    requests: impl Fn(u32) -> RequestFiguresAt,
-) -> Vec<ProductionRow> {
-    let secs = |ns: u64| ns as f64 / NANOS_PER_SEC as f64;
-    let mut rows: Vec<ProductionRow> = sums
-        .iter()
-        .filter(|(_, s)| s.clean_ns + s.guard_ns > 0)
-        .map(|(&n, s)| {
-            let seconds = secs(s.clean_ns);
-            let thin = seconds < min_s || seconds <= 0.0;
-            let all_s = secs(s.clean_ns + s.guard_ns);
-            let gen = (!thin).then(|| s.clean_tokens / seconds);
-            let rq = requests(n);
-            ProductionRow {
-                in_flight: n,
-                seconds,
-                guard_s: secs(s.guard_ns),
-                thin,
-                tokens: s.clean_tokens,
-                gen_tok_s: gen,
-                gen_tok_s_unguarded: (!thin && all_s > 0.0)
-                    .then(|| (s.clean_tokens + s.guard_tokens) / all_s),
-                per_request_tok_s: ProductionPerRequest {
-                    min: rq.tok_s_min,
-                    avg: gen.map(|g| g / n as f64),
-                    max: rq.tok_s_max,
-                },
-                ttft_ms: rq.ttft_ms,
-                scaling: None,
-                marginal_gain: None,
-            }
-        })
-        .collect();
-    let base = rows
-        .iter()
-        .find(|r| r.in_flight == 1)
-        .and_then(|r| r.gen_tok_s)
-        .filter(|g| *g > 0.0);
-    let mut prev: Option<f64> = None;
-    for r in rows.iter_mut() {
-        let Some(g) = r.gen_tok_s else { continue };
-        r.scaling = base.map(|b| g / b);
-        r.marginal_gain = prev.filter(|p| *p > 0.0).map(|p| g / p - 1.0);
-        prev = Some(g);
-    }
-    rows
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::meter::summary::Percentiles;
 
     const S: u64 = NANOS_PER_SEC;
     const MS: u64 = 1_000_000;
@@ -528,6 +386,27 @@ mod tests {
         assert_eq!(s.clean_ns, 2000 * MS);
         assert!((s.clean_tokens - 20.0).abs() < 1e-9);
         assert_eq!(s.guard_tokens, 0.0);
+    }
+
+    #[test]
+    fn the_pace_counts_only_sequences_whose_tokens_were_placed() {
+        let mut a = LevelAttribution::new(GuardConfig::default(), 0);
+        let k1 = a.arrive(0);
+        a.first_token(0, k1);
+        let k2 = a.arrive(0);
+        a.advance(S);
+        // k2 (non-streamed) is spread over 1..3 s; k1 made 10 tokens a second.
+        a.advance(3 * S);
+        a.tokens(k1, S, 3 * S, 20.0);
+        a.tokens(k2, S, 3 * S, 12.0);
+        a.depart(3 * S, k1);
+        a.depart(3 * S, k2);
+        a.finalize_before(3 * S);
+        let s = a.sums()[&2];
+        assert_eq!(s.clean_ns, 2 * S);
+        assert!((s.seen_seq_s - 2.0).abs() < 1e-9);
+        let (pace, _) = s.pace(2, 0.5).unwrap();
+        assert!((pace - 10.0).abs() < 1e-9, "{pace}");
     }
 
     #[test]

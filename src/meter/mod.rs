@@ -19,6 +19,7 @@ pub mod level_time;
 pub mod levels;
 pub mod live;
 pub mod process;
+pub mod production_rows;
 pub mod prometheus;
 pub mod recent_seconds;
 pub mod replay;
