@@ -67,7 +67,7 @@ impl ProductionSweep {
                 let mut pieces = token_curve::pieces(o.start, &o.curve);
                 // The first event's tokens were made since the arrival, as live.
                 if let Some(p) = pieces.next() {
-                    self.attr.tokens(o.start, at, p.tokens);
+                    self.attr.tokens(o.key, o.start, at, p.tokens);
                 }
                 // From its first token on, the request's tokens reach back to here only (its
                 // curve's next stretch starts at the first point, to the ms).
@@ -83,10 +83,10 @@ impl ProductionSweep {
             self.decode_from.remove(&(o.floor, seq));
             self.attr.advance(at);
             for p in token_curve::pieces(o.start, &o.curve).skip(1) {
-                self.attr.tokens(p.from, p.to, p.tokens);
+                self.attr.tokens(o.key, p.from, p.to, p.tokens);
             }
             if o.rest.is_finite() {
-                self.attr.tokens(o.from, at, o.rest);
+                self.attr.tokens(o.key, o.from, at, o.rest);
             }
             self.attr.depart(at, o.key);
             self.mixes.change(at, self.attr.level());

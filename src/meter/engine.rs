@@ -355,7 +355,7 @@ impl Meter {
         } else {
             self.levels.advance(now);
         }
-        self.levels.tokens(from, now, d);
+        self.levels.tokens(o.guard, from, now, d);
         o.last_token_ns = Some(o.last_token_ns.map_or(now, |t| t.max(now)));
         self.aggregate.tokens(now, d, floor);
         if let Some(s) = self.users.get_mut(o.user) {
@@ -432,7 +432,7 @@ impl Meter {
                     None => o.start_ns.saturating_add(self.config.guard().guard_max_ns),
                 };
                 self.levels
-                    .tokens(from.min(to), to, total as f64 - o.attributed);
+                    .tokens(o.guard, from.min(to), to, total as f64 - o.attributed);
             }
             self.levels.depart(now, o.guard);
         }

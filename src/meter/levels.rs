@@ -28,6 +28,10 @@
 //! * Per level N: clean seconds, the tokens credited to them, the aggregate rate
 //!   `clean tokens / clean seconds`, and (to measure the guard's effect) the same over all the
 //!   time at N, guarded included.
+//! * Per level N also the streamed sequences' own pace ([`LevelSums::pace`]): the tokens of the
+//!   requests past a first token over their sequence-seconds of clean time. A non-streamed
+//!   request's tokens are spread evenly over its life, guarded stalls included, so
+//!   `clean tokens / clean s` reads low when a share of the traffic is non-streamed.
 //!
 //! A segment is final once no request can still credit tokens to it: it ended before every open
 //! request's spreading start (its previous event, or its arrival before the first one). Then its
@@ -38,12 +42,12 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 
-use serde::Serialize;
-
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
 
-use super::level_batches::BatchSums;
-use super::summary::Percentiles;
+pub use super::level_batches::LevelSums;
+pub use super::production_rows::{
+    production_rows, ProductionPerRequest, ProductionRow, RequestFiguresAt,
+};
 
 /// First-token delays remembered for the guard's cap.
 pub const RECENT_TTFTS: usize = 64;
@@ -81,21 +85,10 @@ struct Segment {
     level: u32,
     guarded: bool,
     tokens: f64,
-}
-
-/// Time and tokens at one level.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct LevelSums {
-    /// Clean time, ns.
-    pub clean_ns: u64,
-    /// Tokens credited to clean time.
-    pub clean_tokens: f64,
-    /// Guarded time, ns.
-    pub guard_ns: u64,
-    /// Tokens credited to guarded time.
-    pub guard_tokens: f64,
-    /// The clean time in batches of at least [`BATCH_NS`], for the rate's confidence interval.
-    pub batches: BatchSums,
+    /// Requests in flight whose tokens the proxy sees as they are made (past a first token).
+    seen: u32,
+    /// Tokens of those requests credited here.
+    seen_tokens: f64,
 }
 
 /// The attribution of one scope's tokens to its in-flight levels.
@@ -112,6 +105,8 @@ pub struct LevelAttribution {
     /// Requests of `arrivals` whose guard the cap closed, with the time it closed: their first
     /// token, if it comes, makes the time since then guarded.
     capped: HashMap<u64, UnixNanos>,
+    /// Requests in flight past a first token.
+    seen: HashSet<u64>,
     /// The last first-token delays, ns.
     recent_ttft: VecDeque<u64>,
     /// Deadlines: (when, key); key 0 is an anonymous extra guard.
@@ -133,6 +128,8 @@ impl LevelAttribution {
             level: 0,
             guarded: false,
             tokens: 0.0,
+            seen: 0,
+            seen_tokens: 0.0,
         });
         LevelAttribution {
             cfg,
@@ -141,6 +138,7 @@ impl LevelAttribution {
             open_guards: HashSet::new(),
             arrivals: HashMap::new(),
             capped: HashMap::new(),
+            seen: HashSet::new(),
             recent_ttft: VecDeque::new(),
             deadlines: BinaryHeap::new(),
             extra_guards: 0,
@@ -158,12 +156,14 @@ impl LevelAttribution {
     fn split(&mut self, t: UnixNanos) {
         let guarded = self.guarded();
         let level = self.level;
+        let seen = self.seen.len() as u32;
         if let Some(last) = self.history.back_mut() {
             last.end = last.end.max(t);
             if last.start >= t {
                 // An empty segment takes the new state instead of leaving a zero-length one.
                 last.level = level;
                 last.guarded = guarded;
+                last.seen = seen;
                 return;
             }
         }
@@ -173,6 +173,8 @@ impl LevelAttribution {
             level,
             guarded,
             tokens: 0.0,
+            seen,
+            seen_tokens: 0.0,
         });
         if self.history.len() > MAX_SEGMENTS {
             self.finalize_front();
@@ -240,6 +242,8 @@ impl LevelAttribution {
                 self.recent_ttft.pop_front();
             }
             self.recent_ttft.push_back(now.saturating_sub(arrival));
+            self.seen.insert(key.0);
+            self.split(self.now);
         }
         if let Some(closed) = self.capped.remove(&key.0) {
             self.guard_since(closed);
@@ -270,17 +274,20 @@ impl LevelAttribution {
         self.open_guards.remove(&key.0);
         self.arrivals.remove(&key.0);
         self.capped.remove(&key.0);
+        self.seen.remove(&key.0);
         self.level = self.level.saturating_sub(1);
         self.extra_guard(self.now);
         self.split(self.now);
     }
 
-    /// Credits `amount` tokens produced over `[from, to]` to the segments it overlaps (`to` at
-    /// most the latest time seen). A zero-length interval credits the segment holding `to`.
-    pub fn tokens(&mut self, from: UnixNanos, to: UnixNanos, amount: f64) {
+    /// Credits `amount` tokens of the request of `key`, produced over `[from, to]`, to the
+    /// segments it overlaps (`to` at most the latest time seen). A zero-length interval credits
+    /// the segment holding `to`.
+    pub fn tokens(&mut self, key: GuardKey, from: UnixNanos, to: UnixNanos, amount: f64) {
         if amount == 0.0 || !amount.is_finite() || self.history.is_empty() {
             return;
         }
+        let seen = self.seen.contains(&key.0);
         let oldest = self.history.front().map_or(0, |s| s.start);
         let to = to.min(self.now).max(oldest);
         let from = from.clamp(oldest, to);
@@ -291,6 +298,9 @@ impl LevelAttribution {
                 .rposition(|s| s.start <= to)
                 .unwrap_or(0);
             self.history[idx].tokens += amount;
+            if seen {
+                self.history[idx].seen_tokens += amount;
+            }
             return;
         }
         let len = (to - from) as f64;
@@ -301,7 +311,11 @@ impl LevelAttribution {
             let a = s.start.max(from);
             let b = s.end.min(to);
             if b > a {
-                s.tokens += amount * (b - a) as f64 / len;
+                let share = amount * (b - a) as f64 / len;
+                s.tokens += share;
+                if seen {
+                    s.seen_tokens += share;
+                }
             }
         }
     }
@@ -318,6 +332,10 @@ impl LevelAttribution {
                     e.clean_ns += ns;
                     e.clean_tokens += s.tokens;
                     e.batches.add(ns, s.tokens);
+                    let seq_s = ns as f64 * f64::from(s.seen) / NANOS_PER_SEC as f64;
+                    e.seen_seq_s += seq_s;
+                    e.seen_tokens += s.seen_tokens;
+                    e.seen_batches.add_weighted(ns, seq_s, s.seen_tokens);
                 }
             }
         }
@@ -342,111 +360,10 @@ impl LevelAttribution {
     }
 }
 
-/// Per-request figures of one level that come from finished requests rather than from time.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RequestFiguresAt {
-    /// Lowest `tok_s` of a request whose mean in-flight level rounds to N.
-    pub tok_s_min: Option<f64>,
-    /// Highest such `tok_s`.
-    pub tok_s_max: Option<f64>,
-    /// TTFT of requests that arrived at N, cold starts excluded.
-    pub ttft_ms: Percentiles,
-}
-
-/// Per-request throughput of a production row.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct ProductionPerRequest {
-    /// Lowest `tok_s` of a request of this level (mean in-flight over its life rounds to N).
-    pub min: Option<f64>,
-    /// `gen_tok_s / N`; `null` when the row is thin.
-    pub avg: Option<f64>,
-    /// Highest `tok_s` of a request of this level.
-    pub max: Option<f64>,
-}
-
-/// One row of the production-traffic curve: everything measured over all the clean time at N.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ProductionRow {
-    /// The level N.
-    pub in_flight: u32,
-    /// Clean seconds at N: the time base of the figures.
-    pub seconds: f64,
-    /// Seconds at N excluded by guards.
-    pub guard_s: f64,
-    /// `seconds` is below the minimum (`capacity_min_s`): the rates are `null`.
-    pub thin: bool,
-    /// Tokens credited to the clean seconds.
-    pub tokens: f64,
-    /// Aggregate generation rate, `tokens / seconds`; `null` when thin.
-    pub gen_tok_s: Option<f64>,
-    /// The same over all the time at N, guarded included (shows what the guard removes); `null`
-    /// when thin.
-    pub gen_tok_s_unguarded: Option<f64>,
-    /// Per-request throughput at N.
-    pub per_request_tok_s: ProductionPerRequest,
-    /// TTFT percentiles of requests that arrived at N, cold starts excluded.
-    pub ttft_ms: Percentiles,
-    /// `gen_tok_s / gen_tok_s at N = 1`; `null` without a non-thin N = 1 row.
-    pub scaling: Option<f64>,
-    /// `gen_tok_s / gen_tok_s of the previous non-thin row - 1`; `null` for the first one.
-    pub marginal_gain: Option<f64>,
-}
-
-/// The production rows of `sums`, levels with less than `min_s` clean seconds marked thin;
-/// `requests(N)` supplies the per-request figures of level N.
-pub fn production_rows(
-    sums: &BTreeMap<u32, LevelSums>,
-    min_s: f64,
-    requests: impl Fn(u32) -> RequestFiguresAt,
-) -> Vec<ProductionRow> {
-    let secs = |ns: u64| ns as f64 / NANOS_PER_SEC as f64;
-    let mut rows: Vec<ProductionRow> = sums
-        .iter()
-        .filter(|(_, s)| s.clean_ns + s.guard_ns > 0)
-        .map(|(&n, s)| {
-            let seconds = secs(s.clean_ns);
-            let thin = seconds < min_s || seconds <= 0.0;
-            let all_s = secs(s.clean_ns + s.guard_ns);
-            let gen = (!thin).then(|| s.clean_tokens / seconds);
-            let rq = requests(n);
-            ProductionRow {
-                in_flight: n,
-                seconds,
-                guard_s: secs(s.guard_ns),
-                thin,
-                tokens: s.clean_tokens,
-                gen_tok_s: gen,
-                gen_tok_s_unguarded: (!thin && all_s > 0.0)
-                    .then(|| (s.clean_tokens + s.guard_tokens) / all_s),
-                per_request_tok_s: ProductionPerRequest {
-                    min: rq.tok_s_min,
-                    avg: gen.map(|g| g / n as f64),
-                    max: rq.tok_s_max,
-                },
-                ttft_ms: rq.ttft_ms,
-                scaling: None,
-                marginal_gain: None,
-            }
-        })
-        .collect();
-    let base = rows
-        .iter()
-        .find(|r| r.in_flight == 1)
-        .and_then(|r| r.gen_tok_s)
-        .filter(|g| *g > 0.0);
-    let mut prev: Option<f64> = None;
-    for r in rows.iter_mut() {
-        let Some(g) = r.gen_tok_s else { continue };
-        r.scaling = base.map(|b| g / b);
-        r.marginal_gain = prev.filter(|p| *p > 0.0).map(|p| g / p - 1.0);
-        prev = Some(g);
-    }
-    rows
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::meter::summary::Percentiles;
 
     const S: u64 = NANOS_PER_SEC;
     const MS: u64 = 1_000_000;
@@ -459,7 +376,7 @@ mod tests {
         // 10 tokens per second, spread over the gaps that produced them.
         for i in 1..=20u64 {
             let t = 100 * MS + i * 100 * MS;
-            a.tokens(t - 100 * MS, t, 1.0);
+            a.tokens(k1, t - 100 * MS, t, 1.0);
         }
         a.depart(2100 * MS, k1);
         a.advance(3 * S);
@@ -472,6 +389,27 @@ mod tests {
     }
 
     #[test]
+    fn the_pace_counts_only_sequences_whose_tokens_were_placed() {
+        let mut a = LevelAttribution::new(GuardConfig::default(), 0);
+        let k1 = a.arrive(0);
+        a.first_token(0, k1);
+        let k2 = a.arrive(0);
+        a.advance(S);
+        // k2 (non-streamed) is spread over 1..3 s; k1 made 10 tokens a second.
+        a.advance(3 * S);
+        a.tokens(k1, S, 3 * S, 20.0);
+        a.tokens(k2, S, 3 * S, 12.0);
+        a.depart(3 * S, k1);
+        a.depart(3 * S, k2);
+        a.finalize_before(3 * S);
+        let s = a.sums()[&2];
+        assert_eq!(s.clean_ns, 2 * S);
+        assert!((s.seen_seq_s - 2.0).abs() < 1e-9);
+        let (pace, _) = s.pace(2, 0.5).unwrap();
+        assert!((pace - 10.0).abs() < 1e-9, "{pace}");
+    }
+
+    #[test]
     fn spread_tokens_follow_the_level_they_were_made_at() {
         let mut a = LevelAttribution::new(GuardConfig::default(), 0);
         let k1 = a.arrive(0);
@@ -480,7 +418,7 @@ mod tests {
         a.first_token(S, k2);
         a.advance(2 * S);
         // Request 1's tokens over [0, 2 s]: half at level 1, half at level 2.
-        a.tokens(0, 2 * S, 10.0);
+        a.tokens(k1, 0, 2 * S, 10.0);
         a.depart(2 * S, k1);
         a.depart(2 * S, k2);
         a.finalize_before(2 * S);
@@ -533,10 +471,10 @@ mod tests {
         a.advance(1200 * MS);
         a.first_token(2500 * MS, k1);
         a.first_token(2500 * MS, k2);
-        a.tokens(0, 2500 * MS, 2.0);
+        a.tokens(k1, 0, 2500 * MS, 2.0);
         for i in 1..=10u64 {
             let t = 2500 * MS + i * 100 * MS;
-            a.tokens(t - 100 * MS, t, 2.0);
+            a.tokens(k1, t - 100 * MS, t, 2.0);
         }
         a.depart(3500 * MS, k1);
         a.depart(3500 * MS, k2);

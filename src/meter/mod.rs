@@ -19,6 +19,7 @@ pub(crate) mod level_time;
 pub mod levels;
 pub mod live;
 pub(crate) mod process;
+pub(crate) mod production_rows;
 pub(crate) mod prometheus;
 pub(crate) mod recent_seconds;
 pub mod replay;

@@ -321,8 +321,12 @@ pub fn service_level_view(
             let c = verdicts.levels().get(&n).copied().unwrap_or_default();
             let s = sums.get(&n).copied().unwrap_or_default();
             let seconds = s.clean_ns as f64 / NANOS_PER_SEC as f64;
-            // Less clean time than the model takes is a handful of decode steps: no rate.
-            let gen = (seconds >= MODEL_MIN_S).then(|| s.clean_tokens / seconds);
+            // Less clean time than the model takes is a handful of decode steps: no rate. The
+            // pace is the streamed sequences' own where they had time (LevelSums::pace).
+            let pace = (seconds >= MODEL_MIN_S)
+                .then(|| s.pace(n, MODEL_MIN_S))
+                .flatten();
+            let gen = pace.map(|(p, _)| p * n as f64);
             let token_share = (c.judged_tokens > 0.0).then(|| c.met_tokens / c.judged_tokens);
             let (model_pace, band) = match &model {
                 Some(m) => {
@@ -341,8 +345,8 @@ pub fn service_level_view(
                 missed: MissCounts::of(&c.missed),
                 seconds,
                 gen_tok_s: gen,
-                gen_tok_s_ci: gen.and(s.batches.rate_ci95()),
-                per_request_tok_s: gen.map(|g| g / n as f64),
+                gen_tok_s_ci: pace.and_then(|(_, ci)| ci).map(|c| c * n as f64),
+                per_request_tok_s: pace.map(|(p, _)| p),
                 goodput_tok_s: gen.zip(token_share).map(|(g, f)| g * f),
                 model_per_request_tok_s: model_pace,
                 model_band_tok_s: band,

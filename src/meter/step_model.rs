@@ -1,8 +1,8 @@
 //! The decode-step model continuous batching implies: a step with N sequences in the batch
 //! takes about `τ(N) = a + b·N`, so each request's pace is `1 / τ(N)` and the aggregate
 //! `N / τ(N)`. `a` and `b` are fitted by least squares, weighted by clean seconds, to every
-//! level's measured time per token per sequence `τ_N = N · seconds / tokens` (the production
-//! attribution's clean time, [`super::levels`]), so levels with little time still count; the
+//! level's measured time per token per sequence `τ_N = 1 / pace_N` over the production
+//! attribution's clean time ([`LevelSums::pace`]: the streamed sequences' own pace), so levels with little time still count; the
 //! band is the fit's 95 % interval. Shown beside the measured levels, never instead of them.
 
 use std::collections::BTreeMap;
@@ -57,14 +57,16 @@ impl StepModel {
         (1_000.0 / tau, [1_000.0 / (tau + d), hi])
     }
 
-    /// Fits τ_N = N·seconds/tokens against N, weighted by seconds; `Err` says why not.
+    /// Fits τ_N = 1000 / pace_N ms ([`LevelSums::pace`]) against N, weighted by clean seconds;
+    /// `Err` says why not.
     pub fn fit(sums: &BTreeMap<u32, LevelSums>, slo: &SloConfig) -> Result<StepModel, String> {
         let pts: Vec<(f64, f64, f64)> = sums
             .iter()
             .filter_map(|(&n, s)| {
                 let secs = s.clean_ns as f64 / NANOS_PER_SEC as f64;
-                (n > 0 && secs >= MODEL_MIN_S && s.clean_tokens > 0.0)
-                    .then(|| (n as f64, n as f64 * secs * 1_000.0 / s.clean_tokens, secs))
+                let (pace, _) = s.pace(n, MODEL_MIN_S)?;
+                (n > 0 && secs >= MODEL_MIN_S && pace > 0.0)
+                    .then(|| (n as f64, 1_000.0 / pace, secs))
             })
             .collect();
         if pts.len() < 3 {

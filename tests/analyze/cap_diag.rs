@@ -94,7 +94,7 @@ fn replay(evs: &[Ev]) -> BTreeMap<u32, tokenmeter::meter::levels::LevelSums> {
                 } else {
                     a.advance(t);
                 }
-                a.tokens(from, t, n as f64);
+                a.tokens(o.key, from, t, n as f64);
                 o.seen += n;
                 o.last = Some(o.last.map_or(t, |l| l.max(t)));
             }
@@ -105,7 +105,7 @@ fn replay(evs: &[Ev]) -> BTreeMap<u32, tokenmeter::meter::levels::LevelSums> {
                 if let (Some(total), Some(f)) = (total, o.first) {
                     let rest = total as f64 - o.seen as f64;
                     if rest != 0.0 {
-                        a.tokens(f.min(t), t, rest);
+                        a.tokens(o.key, f.min(t), t, rest);
                     }
                 }
                 a.depart(t, o.key);

@@ -26,3 +26,5 @@ mod meter_vs_sim;
 mod meter_windows;
 mod service_level;
 mod sessions_vs_sim;
+mod service_level_agents;
+mod sim_traffic;

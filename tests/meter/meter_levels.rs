@@ -1,102 +1,14 @@
 //! The production-traffic curve against the simulator's step-time formula, on a controlled
 //! clock: the simulator's engine core (a pure state machine) runs agent-like traffic with think
 //! time, varied prompts and lengths; its events reach the meter with a little delivery jitter,
-//! exactly as the proxy would report them. The truth per level is N x 1000 / (12.2 + 2.1 N) tok/s.
-//! The same run's records, with the token curves the tracker would log, go through `analyze`,
-//! which must give the meter's curve.
+//! exactly as the proxy would report them (`sim_traffic.rs`). The truth per level is
+//! N x 1000 / (12.2 + 2.1 N) tok/s. The same run's records, with the token curves the tracker
+//! would log, go through `analyze`, which must give the meter's curve.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::rc::Rc;
-use std::sync::Arc;
+use tokenmeter::meter::{Meter, SnapshotQuery};
 
-use rand::{rngs::SmallRng, Rng, SeedableRng};
-use tokenmeter::meter::{Meter, MeterConfig, SnapshotQuery};
-use tokenmeter::sim::engine::{Engine, Ev, Job, Sink};
-use tokenmeter::sim::metrics::Stats;
-use tokenmeter::sim::SimConfig;
-use tokenmeter::token_curve::TokenCurveBuilder;
-
-use crate::meter_support::{record, T0};
-
-#[derive(Clone, Default)]
-struct Rec(Rc<RefCell<Vec<Ev>>>);
-
-impl Sink for Rec {
-    fn is_closed(&self) -> bool {
-        false
-    }
-    fn deliver(&mut self, ev: Ev) -> bool {
-        self.0.borrow_mut().push(ev);
-        true
-    }
-}
-
-struct Open {
-    rec: Rec,
-    arrival: u64,
-    first: Option<u64>,
-    tokens: u64,
-    agent: usize,
-    prompt: u64,
-    /// Streamed (its tokens reach the meter as they pass), else answered at its end.
-    stream: bool,
-    curve: TokenCurveBuilder,
-}
-
-/// The traffic of one run.
-struct Traffic {
-    agents: usize,
-    duration_s: u64,
-    think_ms: (u64, u64),
-    out: (u64, u64),
-    /// Share of the requests streamed (1: every one).
-    stream_share: f64,
-    /// The meter hears of events in time order; else as the harness makes them (an arrival
-    /// after the previous step's tokens, a finish after its step's tokens: up to 0.7 ms late,
-    /// which the meter applies at the later time).
-    ordered: bool,
-    seed: u64,
-}
-
-/// One call to the meter.
-enum Call {
-    Start(String),
-    Tokens(u64),
-    Finish(Box<tokenmeter::record::RequestRecord>),
-}
-
-/// The meter, told of events at once or in time order.
-struct Delivery {
-    meter: Meter,
-    ordered: bool,
-    /// (time, order made, request, call) not told yet.
-    queue: Vec<(u64, u64, u64, Call)>,
-    made: u64,
-}
-
-impl Delivery {
-    fn send(&mut self, at: u64, id: u64, call: Call) {
-        self.made += 1;
-        self.queue.push((at, self.made, id, call));
-        if !self.ordered {
-            self.flush_before(u64::MAX);
-        }
-    }
-
-    /// Tells the meter every event before `t`, in time order.
-    fn flush_before(&mut self, t: u64) {
-        self.queue.sort_by_key(|e| (e.0, e.1));
-        let n = self.queue.partition_point(|e| e.0 < t);
-        for (at, _, id, call) in self.queue.drain(..n) {
-            match call {
-                Call::Start(agent) => self.meter.request_started(at, id, &agent, Some("m")),
-                Call::Tokens(n) => self.meter.tokens(at, id, n),
-                Call::Finish(r) => self.meter.request_finished_id(at, Some(id), &r),
-            }
-        }
-    }
-}
+use crate::meter_support::T0;
+use crate::sim_traffic::{analyze, run_traffic, Traffic};
 
 /// Known aggregate rate of the default simulator at `n` running sequences (no prefill).
 fn truth(n: u32) -> f64 {
@@ -106,171 +18,7 @@ fn truth(n: u32) -> f64 {
 /// Runs `agents` closed-loop agents for `duration_s` simulated seconds; think time uniform in
 /// `think_ms`, prompts of 20..3000 tokens, outputs of `out` tokens. Returns the meter.
 fn run(agents: usize, duration_s: u64, think_ms: (u64, u64), out: (u64, u64), seed: u64) -> Meter {
-    run_traffic(&Traffic {
-        agents,
-        duration_s,
-        think_ms,
-        out,
-        stream_share: 1.0,
-        ordered: false,
-        seed,
-    })
-    .0
-}
-
-/// Runs `t`; returns the meter and every record, with the token curve the tracker would log.
-fn run_traffic(t: &Traffic) -> (Meter, Vec<tokenmeter::record::RequestRecord>) {
-    let &Traffic {
-        agents,
-        duration_s,
-        think_ms,
-        out,
-        stream_share,
-        ordered,
-        seed,
-    } = t;
-    const MS: u64 = 1_000_000;
-    let mut records = Vec::new();
-    let cfg = SimConfig {
-        stop_probability_per_token: 0.0,
-        ..SimConfig::default()
-    };
-    let mut engine: Engine<Rec> = Engine::new(cfg, Arc::new(Stats::new(3600)));
-    let mut meter = Delivery {
-        meter: Meter::new(MeterConfig::default(), T0),
-        ordered,
-        queue: Vec::new(),
-        made: 0,
-    };
-    let mut rng = SmallRng::seed_from_u64(seed);
-    // Next arrival time per agent (engine time, ns from 0).
-    let mut next: Vec<Option<u64>> = (0..agents)
-        .map(|_| Some(rng.gen_range(0..2000) * MS))
-        .collect();
-    let mut open: HashMap<u64, Open> = HashMap::new();
-    let mut id = 0u64;
-    let mut t = 0u64;
-    let end_ns = duration_s * 1_000_000_000;
-    let jitter = |rng: &mut SmallRng| rng.gen_range(20_000..600_000u64);
-    let mut arrivals_until = |t_to: u64,
-                              rng: &mut SmallRng,
-                              engine: &mut Engine<Rec>,
-                              meter: &mut Delivery,
-                              open: &mut HashMap<u64, Open>,
-                              next: &mut Vec<Option<u64>>| {
-        loop {
-            let Some((agent, at)) = next
-                .iter()
-                .enumerate()
-                .filter_map(|(i, n)| n.map(|n| (i, n)))
-                .min_by_key(|&(_, n)| n)
-            else {
-                return;
-            };
-            if at >= t_to || at >= end_ns {
-                return;
-            }
-            next[agent] = None;
-            id += 1;
-            let rec = Rec::default();
-            let prompt = rng.gen_range(20..3000);
-            // Drawn only for mixed traffic, so all-streamed runs keep their sequence.
-            let stream = stream_share >= 1.0 || rng.gen_bool(stream_share);
-            engine.submit(Job {
-                n: 1,
-                prompt_tokens: prompt,
-                max_tokens: rng.gen_range(out.0..out.1),
-                stop_after: vec![None],
-                arrival_ns: at,
-                prompt_ids: Vec::new(),
-                sink: rec.clone(),
-            });
-            meter.send(T0 + at, id, Call::Start(format!("agent-{agent}")));
-            open.insert(
-                id,
-                Open {
-                    rec,
-                    arrival: at,
-                    first: None,
-                    tokens: 0,
-                    agent,
-                    prompt,
-                    stream,
-                    curve: TokenCurveBuilder::new(T0 + at),
-                },
-            );
-        }
-    };
-    while t < end_ns + 600_000_000_000 {
-        let Some(dur) = engine.begin_step(t) else {
-            // Idle: jump to the next arrival.
-            match next.iter().flatten().min() {
-                Some(&n) if n < end_ns => {
-                    t = t.max(n);
-                    arrivals_until(
-                        t + 1,
-                        &mut rng,
-                        &mut engine,
-                        &mut meter,
-                        &mut open,
-                        &mut next,
-                    );
-                    continue;
-                }
-                _ => break,
-            }
-        };
-        let step_end = t + dur;
-        arrivals_until(
-            step_end,
-            &mut rng,
-            &mut engine,
-            &mut meter,
-            &mut open,
-            &mut next,
-        );
-        engine.finish_step(step_end, 0);
-        let mut done = Vec::new();
-        for (&rid, o) in open.iter_mut() {
-            let evs: Vec<Ev> = o.rec.0.borrow_mut().drain(..).collect();
-            let n = evs.iter().filter(|e| matches!(e, Ev::Token { .. })).count() as u64;
-            let seen = step_end + jitter(&mut rng);
-            if n > 0 {
-                o.tokens += n;
-                if o.stream {
-                    o.first.get_or_insert(seen);
-                    meter.send(T0 + seen, rid, Call::Tokens(n));
-                    o.curve.push(T0 + seen, n);
-                }
-            }
-            if evs.iter().any(|e| matches!(e, Ev::Done(_))) {
-                done.push((rid, seen + 100_000));
-            }
-        }
-        done.sort_by_key(|d| d.1);
-        for (rid, fin) in done {
-            let o = open.remove(&rid).unwrap();
-            let ms = |ns: u64| ns as f64 / 1e6;
-            let mut r = record(
-                T0 + o.arrival,
-                ms(fin - o.arrival),
-                o.first.map(|f| ms(f - o.arrival)),
-                Some(o.tokens),
-                Some(o.prompt),
-                o.stream,
-            );
-            r.token_curve = o.curve.finish();
-            meter.send(T0 + fin, rid, Call::Finish(Box::new(r.clone())));
-            records.push(r);
-            let think = rng.gen_range(think_ms.0..=think_ms.1) * MS;
-            next[o.agent] = Some(fin + think);
-        }
-        t = step_end;
-        // Nothing made from here on is earlier than the step's end.
-        meter.flush_before(T0 + t);
-    }
-    meter.flush_before(u64::MAX);
-    (meter.meter, records)
+    run_traffic(&Traffic::new(agents, duration_s, think_ms, out, seed)).meter
 }
 
 #[test]
@@ -338,36 +86,21 @@ fn without_the_guard_prefill_drags_the_figure_down() {
     assert!(worse >= 2, "the guard made no difference");
 }
 
-/// `analyze` on `records` written as a log.
-fn analyze(records: &[tokenmeter::record::RequestRecord]) -> tokenmeter::analyze::Report {
-    let dir = crate::common::TempDir::new("levels-log");
-    let log = dir.0.join("access.jsonl");
-    let text: Vec<u8> = records
-        .iter()
-        .flat_map(tokenmeter::record::RequestRecord::to_json_line)
-        .collect();
-    std::fs::write(&log, text).unwrap();
-    tokenmeter::analyze::analyze(&[log], &Default::default()).unwrap()
-}
-
 #[test]
 fn analyze_of_the_log_gives_the_meter_s_curve_on_the_demo_s_traffic() {
     // The demo's agents: think 0.2-3 s, a third of the requests non-streamed, 20-300 output
     // tokens (prompts of 20-3000 tokens): arrivals are frequent and most time is guarded.
-    let (mut m, mut records) = run_traffic(&Traffic {
-        agents: 16,
-        duration_s: 900,
-        think_ms: (200, 3000),
-        out: (20, 300),
+    let run = run_traffic(&Traffic {
         stream_share: 0.7,
         ordered: true,
-        seed: 34,
+        ..Traffic::new(16, 900, (200, 3000), (20, 300), 34)
     });
+    let (mut m, mut records) = (run.meter, run.records);
     let live = m
         .snapshot(T0 + 1_600 * 1_000_000_000, &SnapshotQuery::default())
         .unwrap()
         .capacity_production;
-    let offline = analyze(&records);
+    let offline = analyze(&records, Default::default());
     assert_eq!(offline.capacity_production_tokens.spread, 0);
     let bytes: usize = records
         .iter()
@@ -379,7 +112,7 @@ fn analyze_of_the_log_gives_the_meter_s_curve_on_the_demo_s_traffic() {
     );
     // Lines without the curve (written before it) are spread over [TTFT, end], as before.
     records.iter_mut().for_each(|r| r.token_curve = None);
-    let spread = analyze(&records);
+    let spread = analyze(&records, Default::default());
     println!("| N | clean s | meter tok/s | analyze tok/s | diff % | spread tok/s | diff % |");
     println!("|---|---|---|---|---|---|---|");
     let (mut checked, mut spread_worst) = (0, 0.0f64);
