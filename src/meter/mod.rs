@@ -28,7 +28,7 @@ pub mod saturation;
 pub(crate) mod scope;
 mod scope_slots;
 pub(crate) mod self_metrics;
-pub(crate) mod service_level;
+pub mod service_level;
 pub(crate) mod session_metrics;
 pub mod sessions;
 pub(crate) mod snapshot;

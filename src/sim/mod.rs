@@ -16,7 +16,7 @@ pub(crate) mod request;
 pub mod scheduler;
 pub(crate) mod statslog;
 pub(crate) mod tools;
-pub(crate) mod truth;
+pub mod truth;
 pub(crate) mod wire_messages;
 pub(crate) mod wire_openai;
 pub(crate) mod wire_parts;

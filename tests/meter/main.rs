@@ -25,6 +25,6 @@ mod meter_timeline;
 mod meter_vs_sim;
 mod meter_windows;
 mod service_level;
-mod sessions_vs_sim;
 mod service_level_agents;
+mod sessions_vs_sim;
 mod sim_traffic;
