@@ -65,6 +65,27 @@ fn vllm_bucket_of(ns: u64) -> usize {
     VLLM_ITL_BOUNDS_S.partition_point(|&bound| bound < s)
 }
 
+/// One ITL gap with its log bin and vLLM bucket, found once: the tracker's histogram and the
+/// token run both place it, and finding a bin takes a logarithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gap {
+    /// The gap, nanoseconds.
+    pub ns: u64,
+    bin: u8,
+    bucket: u8,
+}
+
+impl Gap {
+    /// A gap of `ns` nanoseconds.
+    pub fn of(ns: u64) -> Gap {
+        Gap {
+            ns,
+            bin: bin_of(ns) as u8,
+            bucket: vllm_bucket_of(ns) as u8,
+        }
+    }
+}
+
 /// Gaps that passed together in one token report to the meter, all in one log bin and one vLLM
 /// bucket, so the meter observes them as the request's own histogram holds them: the live ITL
 /// (`docs/monitoring.md`). Fixed size: the per-event path neither allocates nor grows.
@@ -81,27 +102,26 @@ pub struct Gaps {
 }
 
 impl Gaps {
-    /// One gap of `ns` nanoseconds (none for `None`).
-    pub fn of(ns: Option<u64>) -> Gaps {
+    /// One gap (none for `None`).
+    pub fn of(gap: Option<Gap>) -> Gaps {
         let mut g = Gaps::default();
-        if let Some(ns) = ns {
-            g.add(ns);
+        if let Some(gap) = gap {
+            g.add(gap);
         }
         g
     }
 
-    /// Whether a gap of `ns` may join these: none yet, or the same bin and bucket.
-    pub fn fits(&self, ns: u64) -> bool {
-        self.count == 0 || (bin_of(ns) as u8 == self.bin && vllm_bucket_of(ns) as u8 == self.bucket)
+    /// Whether `gap` may join these: none yet, or the same bin and bucket.
+    pub fn fits(&self, gap: Gap) -> bool {
+        self.count == 0 || (gap.bin == self.bin && gap.bucket == self.bucket)
     }
 
-    /// Adds a gap of `ns` nanoseconds (call [`Gaps::fits`] first: its bin and bucket replace
-    /// these otherwise).
-    pub fn add(&mut self, ns: u64) {
-        self.bin = bin_of(ns) as u8;
-        self.bucket = vllm_bucket_of(ns) as u8;
+    /// Adds `gap` (call [`Gaps::fits`] first: its bin and bucket replace these otherwise).
+    pub fn add(&mut self, gap: Gap) {
+        self.bin = gap.bin;
+        self.bucket = gap.bucket;
         self.count = self.count.saturating_add(1);
-        self.sum_ns = self.sum_ns.saturating_add(ns);
+        self.sum_ns = self.sum_ns.saturating_add(gap.ns);
     }
 }
 
@@ -109,12 +129,18 @@ impl ItlHistogram {
     /// Counts one gap of `ns` nanoseconds.
     #[inline]
     pub fn record(&mut self, ns: u64) {
+        self.record_gap(Gap::of(ns));
+    }
+
+    /// Counts one gap whose bin and bucket are already found.
+    #[inline]
+    pub fn record_gap(&mut self, gap: Gap) {
         self.count = self.count.saturating_add(1);
-        self.sum_ns = self.sum_ns.saturating_add(ns);
-        self.max_ns = self.max_ns.max(ns);
-        let b = bin_of(ns);
+        self.sum_ns = self.sum_ns.saturating_add(gap.ns);
+        self.max_ns = self.max_ns.max(gap.ns);
+        let b = usize::from(gap.bin);
         self.bins[b] = self.bins[b].saturating_add(1);
-        let v = vllm_bucket_of(ns);
+        let v = usize::from(gap.bucket);
         self.vllm[v] = self.vllm[v].saturating_add(1);
     }
 

@@ -35,7 +35,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
-use crate::itl::Gaps;
+use crate::itl::{Gap, Gaps};
 
 /// One change in the high half of [`LevelChanges`]'s word.
 const ONE_CHANGE: u64 = 1 << 32;
@@ -108,7 +108,7 @@ impl TokenRun {
         self.seen = changes.load();
     }
 
-    /// `tokens` passed at `now_ns`, after an ITL gap of `gap` ns (none at a first output):
+    /// `tokens` passed at `now_ns`, after the ITL `gap` (none at a first output):
     /// what to report now, in order (a pending run first). `alone` reports them at once (they
     /// start a KV block).
     #[inline]
@@ -116,7 +116,7 @@ impl TokenRun {
         &mut self,
         changes: &LevelChanges,
         now_ns: UnixNanos,
-        (tokens, gap): (u64, Option<u64>),
+        (tokens, gap): (u64, Option<Gap>),
         alone: bool,
     ) -> [Option<Report>; 2] {
         let word = changes.load();
@@ -249,20 +249,26 @@ mod tests {
         let mut run = TokenRun::default();
         run.reported_alone(&c);
         let ms = 1_000_000;
-        assert_eq!(run.add(&c, S + 1, (1, Some(20 * ms)), false), [None, None]);
         assert_eq!(
-            run.add(&c, S + 2, (1, Some(20 * ms + 1)), false),
+            run.add(&c, S + 1, (1, Some(Gap::of(20 * ms))), false),
+            [None, None]
+        );
+        assert_eq!(
+            run.add(&c, S + 2, (1, Some(Gap::of(20 * ms + 1))), false),
             [None, None]
         );
         // 60 ms: another bin and vLLM bucket.
-        let [pending, alone] = run.add(&c, S + 3, (1, Some(60 * ms)), false);
+        let [pending, alone] = run.add(&c, S + 3, (1, Some(Gap::of(60 * ms))), false);
         assert_eq!(alone, None);
         let (t, n, g) = pending.unwrap();
         assert_eq!((t, n, g.count, g.sum_ns), (S + 2, 2, 2, 40 * ms + 1));
         let (_, _, g) = run.take().unwrap();
         assert_eq!((g.count, g.sum_ns), (1, 60 * ms));
         // A gap on an event without tokens is kept and reported too.
-        assert_eq!(run.add(&c, S + 4, (0, Some(60 * ms)), false), [None, None]);
+        assert_eq!(
+            run.add(&c, S + 4, (0, Some(Gap::of(60 * ms))), false),
+            [None, None]
+        );
         assert_eq!(run.take().map(|(_, n, g)| (n, g.count)), Some((0, 1)));
     }
 }

@@ -14,7 +14,7 @@ use std::time::Instant;
 use crate::clock::{Clock, UnixNanos};
 use crate::dialect::{Api, EventSummary};
 use crate::fleet::Load;
-use crate::itl::{Gaps, ItlHistogram};
+use crate::itl::{Gap, Gaps, ItlHistogram};
 use crate::observe::Observer;
 use crate::openai::ServerTimings;
 use crate::proxy::request_id::RequestId;
@@ -344,8 +344,8 @@ impl Tracker {
                 let ns = Clock::global().at(now);
                 now_ns = Some(ns);
                 if let Some(prev) = self.last_output_ns {
-                    let g = ns.saturating_sub(prev);
-                    self.itl.get_or_insert_with(Default::default).record(g);
+                    let g = Gap::of(ns.saturating_sub(prev));
+                    self.itl.get_or_insert_with(Default::default).record_gap(g);
                     gap = Some(g);
                 }
                 self.last_output_ns = Some(ns);
