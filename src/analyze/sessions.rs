@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::clock::UnixNanos;
-use crate::meter::histogram::LogHistogram;
+use crate::meter::histogram::{nearest_rank, LogHistogram};
 use crate::meter::sessions::{
     SessionBook, SessionCallFigures, SessionRow, SessionsOther, TOP_SESSIONS,
 };
@@ -80,7 +80,7 @@ impl Spread {
         v.retain(|x| x.is_finite());
         v.sort_by(f64::total_cmp);
         let n = v.len();
-        let rank = |q: f64| (n > 0).then(|| v[((q * n as f64).ceil() as usize).clamp(1, n) - 1]);
+        let rank = |q: f64| nearest_rank(&v, q);
         Spread {
             count: n as u64,
             mean_ms: (n > 0).then(|| v.iter().sum::<f64>() / n as f64),

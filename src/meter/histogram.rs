@@ -11,6 +11,14 @@ pub const BIN_RATIO: f64 = 1.01;
 /// Number of bins covering [`MIN_MS`] .. [`MAX_MS`] (ceil(ln(1e11) / ln(1.01)) = 2546).
 pub const BIN_COUNT: usize = 2546;
 
+/// The `q`-quantile (0 <= q <= 1) of `sorted` (ascending) by nearest rank: the
+/// `ceil(q * len)`-th smallest value (rank at least 1), as [`LogHistogram::percentile`] ranks;
+/// `None` when empty.
+pub fn nearest_rank<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    let n = sorted.len();
+    (n > 0).then(|| sorted[((q * n as f64).ceil() as usize).clamp(1, n) - 1])
+}
+
 /// A histogram of non-negative millisecond values in log-spaced bins.
 ///
 /// Bin `i` holds values in `[MIN_MS * 1.01^i, MIN_MS * 1.01^(i+1))`; its representative value is

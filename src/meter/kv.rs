@@ -12,6 +12,8 @@ use crate::clock::{UnixNanos, NANOS_PER_SEC};
 use crate::record::RequestRecord;
 use crate::scrape::KvValues;
 
+use super::histogram::nearest_rank;
+
 /// Contexts kept per scope for its distribution: the newest this many within the horizon.
 pub const MAX_CONTEXTS_KEPT: usize = 4096;
 
@@ -61,15 +63,6 @@ impl ContextSizes {
             .collect();
         ContextView::of(&mut v, self.max_since_start)
     }
-}
-
-/// Nearest-rank percentile of sorted `v` (`q` in 0..=1).
-fn nearest_rank(v: &[u64], q: f64) -> Option<u64> {
-    if v.is_empty() {
-        return None;
-    }
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    Some(v[rank - 1])
 }
 
 /// Context sizes (prompt + completion tokens of finished requests), exact nearest-rank
