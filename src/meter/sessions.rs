@@ -136,44 +136,35 @@ impl SessionRow {
 
     /// Adds one finished call (in any order: first and last go by the calls' ends).
     pub fn add(&mut self, f: &SessionCallFigures<'_>) {
-        if self.calls == 0 || f.end_ns >= self.last_end_ns {
-            if self.user != f.user {
-                self.user.clear();
-                self.user.push_str(f.user);
-            }
-            self.last_end_ns = f.end_ns;
+        self.merge_as(&SessionRow::of_call(f), f.user);
+    }
+
+    /// One call's figures, without its names (empty strings do not allocate): what
+    /// [`SessionRow::merge_as`] adds.
+    fn of_call(f: &SessionCallFigures<'_>) -> SessionRow {
+        let valid = |v: Option<f64>| v.filter(|v| v.is_finite() && *v >= 0.0);
+        let wait = valid(f.e2e_ms);
+        let prompt_ns = f.prompt_tokens.map_or(0, |_| f.end_ns);
+        SessionRow {
+            calls: 1,
+            first_turn: f.turn,
+            last_turn: f.turn,
+            wait_ms: wait.unwrap_or(0.0),
+            slowest_wait_ms: wait,
+            between_ms: valid(f.gap_ms).unwrap_or(0.0),
+            prompt_tokens: f.prompt_tokens.unwrap_or(0),
+            completion_tokens: f.completion_tokens.unwrap_or(0),
+            prompts: u64::from(f.prompt_tokens.is_some()),
+            context_first_tokens: f.prompt_tokens,
+            context_last_tokens: f.prompt_tokens,
+            first_prompt_ns: prompt_ns,
+            last_prompt_ns: prompt_ns,
+            cached_tokens: f.cached_tokens,
+            prefix_expected_tokens: f.prefix_expected_tokens.unwrap_or(0),
+            prefix_lost_tokens: f.prefix_lost_tokens.unwrap_or(0),
+            last_end_ns: f.end_ns,
+            ..SessionRow::default()
         }
-        self.calls += 1;
-        if let Some(t) = f.turn {
-            self.first_turn = Some(self.first_turn.map_or(t, |m| m.min(t)));
-            self.last_turn = Some(self.last_turn.map_or(t, |m| m.max(t)));
-        }
-        let wait = f.e2e_ms.filter(|v| v.is_finite() && *v >= 0.0);
-        self.wait_ms += wait.unwrap_or(0.0);
-        if let Some(w) = wait {
-            self.slowest_wait_ms = Some(self.slowest_wait_ms.map_or(w, |m| m.max(w)));
-        }
-        self.between_ms += f
-            .gap_ms
-            .filter(|v| v.is_finite() && *v >= 0.0)
-            .unwrap_or(0.0);
-        self.prompt_tokens += f.prompt_tokens.unwrap_or(0);
-        self.completion_tokens += f.completion_tokens.unwrap_or(0);
-        if let Some(p) = f.prompt_tokens {
-            self.prompts += 1;
-            if self.context_first_tokens.is_none() || f.end_ns < self.first_prompt_ns {
-                (self.context_first_tokens, self.first_prompt_ns) = (Some(p), f.end_ns);
-            }
-            if self.context_last_tokens.is_none() || f.end_ns >= self.last_prompt_ns {
-                (self.context_last_tokens, self.last_prompt_ns) = (Some(p), f.end_ns);
-            }
-        }
-        if let Some(c) = f.cached_tokens {
-            self.cached_tokens = Some(self.cached_tokens.unwrap_or(0) + c);
-        }
-        self.prefix_expected_tokens += f.prefix_expected_tokens.unwrap_or(0);
-        self.prefix_lost_tokens += f.prefix_lost_tokens.unwrap_or(0);
-        self.settle();
     }
 
     /// The figures derived from the sums.
@@ -188,8 +179,16 @@ impl SessionRow {
 
     /// Adds the calls of the same session counted apart (`analyze`'s parallel passes).
     fn merge(&mut self, b: &SessionRow) {
-        if b.last_end_ns >= self.last_end_ns {
-            self.user.clone_from(&b.user);
+        self.merge_as(b, &b.user);
+    }
+
+    /// Adds `b`'s calls, whose last call's user is `user`.
+    fn merge_as(&mut self, b: &SessionRow, user: &str) {
+        if self.calls == 0 || b.last_end_ns >= self.last_end_ns {
+            if self.user != user {
+                self.user.clear();
+                self.user.push_str(user);
+            }
             self.last_end_ns = b.last_end_ns;
         }
         self.calls += b.calls;
@@ -254,17 +253,17 @@ pub struct SessionsOther {
 
 impl SessionsOther {
     fn absorb(&mut self, r: &SessionRow) {
-        self.sessions += 1;
-        self.calls += r.calls;
-        self.wait_ms += r.wait_ms;
-        self.between_ms += r.between_ms;
-        self.prompt_tokens += r.prompt_tokens;
-        self.completion_tokens += r.completion_tokens;
-        if let Some(c) = r.cached_tokens {
-            self.cached_tokens = Some(self.cached_tokens.unwrap_or(0) + c);
-        }
-        self.prefix_expected_tokens += r.prefix_expected_tokens;
-        self.prefix_lost_tokens += r.prefix_lost_tokens;
+        self.merge(&SessionsOther {
+            sessions: 1,
+            calls: r.calls,
+            wait_ms: r.wait_ms,
+            between_ms: r.between_ms,
+            prompt_tokens: r.prompt_tokens,
+            completion_tokens: r.completion_tokens,
+            cached_tokens: r.cached_tokens,
+            prefix_expected_tokens: r.prefix_expected_tokens,
+            prefix_lost_tokens: r.prefix_lost_tokens,
+        });
     }
 
     fn merge(&mut self, o: &SessionsOther) {
