@@ -105,8 +105,6 @@ pub struct LevelAttribution {
     /// Requests of `arrivals` whose guard the cap closed, with the time it closed: their first
     /// token, if it comes, makes the time since then guarded.
     capped: HashMap<u64, UnixNanos>,
-    /// Requests in flight past a first token.
-    seen: HashSet<u64>,
     /// The last first-token delays, ns.
     recent_ttft: VecDeque<u64>,
     /// Deadlines: (when, key); key 0 is an anonymous extra guard.
@@ -138,7 +136,6 @@ impl LevelAttribution {
             open_guards: HashSet::new(),
             arrivals: HashMap::new(),
             capped: HashMap::new(),
-            seen: HashSet::new(),
             recent_ttft: VecDeque::new(),
             deadlines: BinaryHeap::new(),
             extra_guards: 0,
@@ -156,7 +153,8 @@ impl LevelAttribution {
     fn split(&mut self, t: UnixNanos) {
         let guarded = self.guarded();
         let level = self.level;
-        let seen = self.seen.len() as u32;
+        // In flight and past a first token: every request in flight but those awaiting one.
+        let seen = level.saturating_sub(self.arrivals.len() as u32);
         if let Some(last) = self.history.back_mut() {
             last.end = last.end.max(t);
             if last.start >= t {
@@ -242,7 +240,6 @@ impl LevelAttribution {
                 self.recent_ttft.pop_front();
             }
             self.recent_ttft.push_back(now.saturating_sub(arrival));
-            self.seen.insert(key.0);
             self.split(self.now);
         }
         if let Some(closed) = self.capped.remove(&key.0) {
@@ -274,7 +271,6 @@ impl LevelAttribution {
         self.open_guards.remove(&key.0);
         self.arrivals.remove(&key.0);
         self.capped.remove(&key.0);
-        self.seen.remove(&key.0);
         self.level = self.level.saturating_sub(1);
         self.extra_guard(self.now);
         self.split(self.now);
@@ -287,7 +283,8 @@ impl LevelAttribution {
         if amount == 0.0 || !amount.is_finite() || self.history.is_empty() {
             return;
         }
-        let seen = self.seen.contains(&key.0);
+        // Past its first token: no longer awaiting one.
+        let seen = !self.arrivals.contains_key(&key.0);
         let oldest = self.history.front().map_or(0, |s| s.start);
         let to = to.min(self.now).max(oldest);
         let from = from.clamp(oldest, to);
