@@ -1,5 +1,11 @@
 //! The production-traffic curve's rows from the attribution's per-level sums
 //! ([`super::levels`]): clean seconds, the aggregate rate, the thin mark, scaling.
+//!
+//! The aggregate rate is the one the service-level table gives at N: the per-request pace
+//! ([`LevelSums::pace`]: the streamed sequences' own, else every clean token's) × N, so the
+//! curve has one set of numbers in every view. `tokens / seconds` (every token credited to the
+//! clean time) reads low when a share of the requests is non-streamed (their tokens are spread
+//! over their whole life, guarded stalls included); the row keeps both figures.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +14,7 @@ use serde::Serialize;
 use crate::clock::NANOS_PER_SEC;
 
 use super::level_batches::LevelSums;
+use super::step_model::MODEL_MIN_S;
 use super::summary::Percentiles;
 
 /// Per-request figures of one level that come from finished requests rather than from time.
@@ -26,7 +33,8 @@ pub struct RequestFiguresAt {
 pub struct ProductionPerRequest {
     /// Lowest `tok_s` of a request of this level (mean in-flight over its life rounds to N).
     pub min: Option<f64>,
-    /// `gen_tok_s / N`; `null` when the row is thin.
+    /// `gen_tok_s / N`: the per-request pace (the service-level table's `per_request_tok_s`);
+    /// `null` when the row is thin.
     pub avg: Option<f64>,
     /// Highest `tok_s` of a request of this level.
     pub max: Option<f64>,
@@ -43,9 +51,11 @@ pub struct ProductionRow {
     pub guard_s: f64,
     /// `seconds` is below the minimum (`capacity_min_s`): the rates are `null`.
     pub thin: bool,
-    /// Tokens credited to the clean seconds.
+    /// Tokens credited to the clean seconds (every request's, non-streamed ones included).
     pub tokens: f64,
-    /// Aggregate generation rate, `tokens / seconds`; `null` when thin.
+    /// Aggregate generation rate: the per-request pace at N × N (the service-level table's
+    /// aggregate at N; equal to `tokens / seconds` when every request is streamed); `null`
+    /// when thin.
     pub gen_tok_s: Option<f64>,
     /// The same over all the time at N, guarded included (shows what the guard removes); `null`
     /// when thin.
@@ -75,7 +85,11 @@ pub fn production_rows(
             let seconds = secs(s.clean_ns);
             let thin = seconds < min_s || seconds <= 0.0;
             let all_s = secs(s.clean_ns + s.guard_ns);
-            let gen = (!thin).then(|| s.clean_tokens / seconds);
+            // The service-level table's pace at N (LevelSums::pace), so both views agree.
+            let gen = (!thin)
+                .then(|| s.pace(n, MODEL_MIN_S))
+                .flatten()
+                .map(|(pace, _)| pace * n as f64);
             let rq = requests(n);
             ProductionRow {
                 in_flight: n,

@@ -15,6 +15,7 @@
 
 use std::collections::BTreeMap;
 
+use tokenmeter::meter::levels::ProductionRow;
 use tokenmeter::meter::service_level::{service_level_view, ServiceLevelView, VerdictsByLevel};
 use tokenmeter::meter::SnapshotQuery;
 use tokenmeter::sim::SimConfig;
@@ -105,6 +106,9 @@ struct Seen {
     live: ServiceLevelView,
     offline: ServiceLevelView,
     truth: ServiceLevelView,
+    /// `/stats`' `capacity_production` and `analyze`'s, of the same run.
+    live_production: Vec<ProductionRow>,
+    offline_production: Vec<ProductionRow>,
 }
 
 /// Runs `traffic`, prints the per-level table (truth, live, analyze, the formula), and returns
@@ -112,12 +116,13 @@ struct Seen {
 fn run_and_compare(traffic: &Traffic) -> Seen {
     let mut run = run_traffic(traffic);
     let end = run.records.iter().map(|r| r.ts_ns).max().unwrap() + 900 * 1_000_000_000;
-    let live = run
+    let snap = run
         .meter
         .snapshot(end.max(T0), &SnapshotQuery::default())
-        .unwrap()
-        .service_level;
-    let offline = analyze(&run.records, traffic.slo).service_level;
+        .unwrap();
+    let (live, live_production) = (snap.service_level, snap.capacity_production);
+    let report = analyze(&run.records, traffic.slo);
+    let (offline, offline_production) = (report.service_level, report.capacity_production);
     let truth = truth_view(&traffic.slo, &run.truth, false);
     let truth_ttft = truth_view(&traffic.slo, &run.truth, true);
     println!("{}", traffic.slo.describe());
@@ -195,7 +200,54 @@ fn run_and_compare(traffic: &Traffic) -> Seen {
         live,
         offline,
         truth,
+        live_production,
+        offline_production,
     }
+}
+
+/// One curve's numbers: every non-thin row of the production curve (`capacity_production`) has
+/// the service-level table's aggregate and per-request rate at its level, live and in
+/// `analyze`; returns, per such level, `tokens / seconds` (every clean token, the production
+/// curve's rate before the two were made one) relative to that aggregate, − 1.
+fn check_one_curve(s: &Seen) -> Vec<(u32, f64)> {
+    let mut all_tokens_vs_pace = Vec::new();
+    for (production, service, who) in [
+        (&s.live_production, &s.live, "live"),
+        (&s.offline_production, &s.offline, "analyze"),
+    ] {
+        let sl = rows(service);
+        for p in production.iter().filter(|p| !p.thin) {
+            let n = p.in_flight;
+            let r = sl
+                .get(&n)
+                .unwrap_or_else(|| panic!("{who}: level {n} not in the service table"));
+            assert_eq!(p.gen_tok_s, r.gen_tok_s, "{who}: level {n} aggregate");
+            assert_eq!(
+                p.per_request_tok_s.avg, r.per_request_tok_s,
+                "{who}: level {n} per-request"
+            );
+            if who == "live" {
+                let all_tokens = p.tokens / p.seconds;
+                all_tokens_vs_pace.push((n, all_tokens / p.gen_tok_s.unwrap() - 1.0));
+            }
+        }
+    }
+    // analyze's curve is live's, level by level, within 1 %.
+    let offline: BTreeMap<u32, &ProductionRow> = s
+        .offline_production
+        .iter()
+        .map(|r| (r.in_flight, r))
+        .collect();
+    for l in s.live_production.iter().filter(|r| !r.thin) {
+        let o = offline[&l.in_flight];
+        let (a, b) = (o.gen_tok_s.unwrap(), l.gen_tok_s.unwrap());
+        assert!(
+            (a / b - 1.0).abs() < 0.01,
+            "level {}: analyze {a} vs live {b}",
+            l.in_flight
+        );
+    }
+    all_tokens_vs_pace
 }
 
 /// The checks every run must pass: the live headline is the truth's and analyze's; attainment
@@ -263,6 +315,16 @@ fn sixteen_agents_give_the_simulator_s_own_answer() {
     };
     let s = run_and_compare(&demo_traffic(slo));
     check_against_truth(&s, 3);
+    // A third of the requests is non-streamed: every clean token over the clean seconds reads
+    // below the streamed sequences' pace × N (docs/service-level.md says why), at every level
+    // with the production curve's 10 clean seconds; the curve shows the latter, as the table.
+    let all_tokens = check_one_curve(&s);
+    println!("production rows, tokens / seconds vs gen_tok_s: {all_tokens:?}");
+    assert!(all_tokens.len() >= 3, "{all_tokens:?}");
+    assert!(
+        all_tokens.iter().all(|(_, d)| *d < -0.005),
+        "tokens / seconds reads low with non-streamed requests: {all_tokens:?}"
+    );
     let c = &s.live.capacity;
     assert!(c.reached && c.in_flight.is_some(), "{}", c.text);
     assert_eq!(c.binds, Some("pace"), "{}", c.text);
@@ -313,6 +375,7 @@ fn ttft_binds_when_requests_queue() {
     let s = run_and_compare(&traffic);
     // Levels 4 and 5 hold nearly every request (the six agents rarely think at once).
     check_against_truth(&s, 2);
+    check_one_curve(&s);
     let c = &s.live.capacity;
     assert!(c.reached && c.in_flight.is_some(), "{}", c.text);
     assert_eq!(c.binds, Some("ttft"), "{}", c.text);
