@@ -2,7 +2,11 @@
 -- One row per finished request. Nullable columns are the fields the proxy writes as null when
 -- unknown; analyze's definitions read them as "unknown", never as zero. `token_curve` (an array
 -- cannot be Nullable) is empty where the line has null (no token before the end) or no such
--- field (written before it).
+-- field (written before it). `slo_ok` and `slo_miss` are the request's verdict against the proxy's
+-- [slo] (docs/service-level.md); null when not judged, and on lines written before the fields.
+-- A table made before them takes them with
+--   ALTER TABLE access_log ADD COLUMN slo_ok Nullable(Bool),
+--       ADD COLUMN slo_miss LowCardinality(Nullable(String));
 CREATE TABLE IF NOT EXISTS access_log
 (
     type               LowCardinality(String),
@@ -39,7 +43,9 @@ CREATE TABLE IF NOT EXISTS access_log
     server_queue_ms    Nullable(Float64),
     server_ttft_ms     Nullable(Float64),
     server_mean_itl_ms Nullable(Float64),
-    token_curve        Array(UInt32)
+    token_curve        Array(UInt32),
+    slo_ok             Nullable(Bool),
+    slo_miss           LowCardinality(Nullable(String))
 )
 ENGINE = MergeTree
 PARTITION BY toYYYYMM(ts)

@@ -13,7 +13,8 @@ FROM file('{path}', 'JSONEachRow',
      tok_s Nullable(Float64), decode_tok_s Nullable(Float64), in_flight_at_start UInt32,
      cold_start Bool, finish_reason Nullable(String), bytes_in UInt64, bytes_out UInt64,
      error Nullable(String), server_queue_ms Nullable(Float64), server_ttft_ms Nullable(Float64),
-     server_mean_itl_ms Nullable(Float64), token_curve Array(UInt32)')
+     server_mean_itl_ms Nullable(Float64), token_curve Array(UInt32), slo_ok Nullable(Bool),
+     slo_miss Nullable(String)')
 WHERE type = 'request' AND schema = 1
 SETTINGS input_format_skip_unknown_fields = 1, input_format_allow_errors_num = 1000000,
     date_time_input_format = 'best_effort';

@@ -1,7 +1,8 @@
 -- analyze's production-traffic curve (docs/capacity.md, "Production-traffic curve", `capacity_production`
 -- in `analyze --json` and `/stats`): per level N with time at it, the clean and guarded seconds
--- (tm_production_levels), the clean tokens, the aggregate rate over the clean time, the same
--- over all the time at N, and the figures of the capacity table's sources: min/max tok/s of
+-- (tm_production_levels), the clean tokens, the aggregate rate (the per-request pace of
+-- tm_production_paces × N: the service-level table's, docs/service-level.md), every token over
+-- all the time at N, and the figures of the capacity table's sources: min/max tok/s of
 -- requests whose life level rounds to N, TTFT percentiles (nearest rank) of requests that arrived
 -- at N (cold starts excluded). Levels under 10 clean seconds (analyze's --capacity-min-s) are
 -- thin: no rates. Scaling is against a non-thin N = 1, the marginal gain against the previous
@@ -12,10 +13,10 @@ WITH
         SELECT in_flight, clean_ns / 1e9 AS seconds, guard_ns / 1e9 AS guard_s,
             clean_tokens AS tokens, guard_tokens,
             seconds < 10 OR seconds <= 0 AS thin,
-            if(thin, NULL, clean_tokens / seconds) AS gen_tok_s,
+            if(thin, NULL, pace * in_flight) AS gen_tok_s,
             if(thin, NULL, (clean_tokens + guard_tokens) / (seconds + guard_s))
                 AS gen_tok_s_unguarded
-        FROM tm_production_levels
+        FROM tm_production_paces
         WHERE clean_ns + guard_ns > 0
     ),
     levels AS

@@ -1,11 +1,13 @@
 """Runs the ClickHouse SQL in clickhouse/ on access logs with chdb (embedded ClickHouse) and
-compares its capacity, production-traffic, per-user and per-second rows with `tokenmeter analyze
---json --per-second` of the same logs. Usage: clickhouse_check.py LOG_GLOB ANALYZE_JSON. Exits
-non-zero on a difference."""
+compares its capacity, production-traffic, service-level, per-user and per-second rows with
+`tokenmeter analyze --json --per-second` of the same logs. Usage: clickhouse_check.py LOG_GLOB
+ANALYZE_JSON. Exits non-zero on a difference. The objective's counts (tm_objective) are set to
+analyze's `service_level.objective`."""
 
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 
@@ -44,6 +46,7 @@ def close(what, got, want, tol=TOLERANCE):
     table = (
         "capacity" if table.startswith("N=")
         else "production" if table.startswith("P=")
+        else "service level" if table.startswith("S=")
         else "per-second" if table == "second"
         else "users"
     )
@@ -55,6 +58,84 @@ def close(what, got, want, tol=TOLERANCE):
         failures.append(f"{what}: sql {got} vs analyze {want}")
 
 
+def objective_view(sql, objective):
+    """tm_objective's definition with analyze's objective in place of the defaults."""
+    out = re.sub(r"SELECT [0-9.]+ AS attainment_pct",
+                 f"SELECT {float(objective['attainment_pct'])!r} AS attainment_pct", sql)
+    out = re.sub(r"toUInt64\([0-9]+\) AS min_requests",
+                 f"toUInt64({int(objective['min_requests'])}) AS min_requests", out)
+    out = re.sub(r"[0-9.]+ AS max_tpot_ms", f"{float(objective['max_tpot_ms'])!r} AS max_tpot_ms", out)
+    return out
+
+
+def compare_service_level(sess, want):
+    """service_level.sql's table, headline and model against analyze's `service_level`."""
+    rows_sql, head_sql, model_sql = statements("service_level.sql")
+    got_rows = rows(sess, rows_sql)
+    levels = want["levels"]
+    if [int(r["in_flight"]) for r in got_rows] != [r["in_flight"] for r in levels]:
+        failures.append(
+            f"service levels: sql {[r['in_flight'] for r in got_rows]} vs {[r['in_flight'] for r in levels]}"
+        )
+    for got, w in zip(got_rows, levels):
+        n = w["in_flight"]
+        for k in ("requests", "met"):
+            if int(got[k]) != w[k]:
+                failures.append(f"S={n} {k}: sql {got[k]} vs analyze {w[k]}")
+        if bool(got["thin"]) != w["thin"]:
+            failures.append(f"S={n} thin: sql {got['thin']} vs analyze {w['thin']}")
+        for k, v in w["missed"].items():
+            if int(got[f"missed_{k}"]) != v:
+                failures.append(f"S={n} missed {k}: sql {got[f'missed_{k}']} vs analyze {v}")
+        close(f"S={n} attainment", got["attainment_pct"], w["attainment_pct"])
+        ci = w["attainment_ci_pct"] or [None, None]
+        close(f"S={n} attainment ci lo", got["attainment_ci_lo_pct"], ci[0])
+        close(f"S={n} attainment ci hi", got["attainment_ci_hi_pct"], ci[1])
+        close(f"S={n} clean seconds", got["seconds"], w["seconds"])
+        for k in ("gen_tok_s", "per_request_tok_s", "goodput_tok_s", "model_per_request_tok_s"):
+            close(f"S={n} {k}", got[k], w[k])
+        # The interval's half-width, against the rate it bounds: a near-zero width (an exact
+        # pace) differs relatively by float order alone.
+        g, wc = got["gen_tok_s_ci"], w["gen_tok_s_ci"]
+        if (g is None) != (wc is None):
+            failures.append(f"S={n} gen_tok_s_ci: sql {g} vs analyze {wc}")
+        elif g is not None:
+            rate = max(abs(w["gen_tok_s"] or 0.0), 1e-9)
+            rel = abs(g - wc) / rate
+            if rel >= worst.get("service level: gen_tok_s_ci / gen_tok_s", (0.0, ""))[0]:
+                worst["service level: gen_tok_s_ci / gen_tok_s"] = (rel, f"S={n}")
+            if rel > TOLERANCE:
+                failures.append(f"S={n} gen_tok_s_ci: sql {g} vs analyze {wc}")
+        band = w["model_band_tok_s"] or [None, None]
+        close(f"S={n} model band lo", got["model_band_lo_tok_s"], band[0])
+        close(f"S={n} model band hi", got["model_band_hi_tok_s"], band[1])
+    (head,) = rows(sess, head_sql)
+    cap = want["capacity"]
+    for k in ("in_flight", "reached", "binds", "first_miss", "reason", "text"):
+        g = head[k]
+        if k == "reached":
+            g = bool(g)
+        elif k in ("in_flight", "first_miss") and g is not None:
+            g = int(g)
+        if g != cap[k]:
+            failures.append(f"headline {k}: sql {g!r} vs analyze {cap[k]!r}")
+    (model,) = rows(sess, model_sql)
+    m = want["model"]
+    if m is None:
+        if model["a_ms"] is not None or model["reason"] != want["model_reason"]:
+            failures.append(f"model: sql {model} vs analyze none ({want['model_reason']})")
+    else:
+        close("S=model a_ms", model["a_ms"], m["a_ms"])
+        close("S=model b_ms", model["b_ms"], m["b_ms"])
+        close("S=model seconds", model["seconds"], m["seconds"])
+        for k, g in (("levels", model["levels"]), ("range", [model["range_lo"], model["range_hi"]]),
+                     ("pace_capacity", model["pace_capacity"])):
+            g = [int(x) for x in g] if isinstance(g, list) else (None if g is None else int(g))
+            if g != m[k]:
+                failures.append(f"model {k}: sql {g} vs analyze {m[k]}")
+    return got_rows, head
+
+
 def main():
     log, report_path = sys.argv[1], sys.argv[2]
     report = json.load(open(report_path))
@@ -62,7 +143,10 @@ def main():
         sess = session.Session(tmp)
         sess.query("CREATE DATABASE IF NOT EXISTS tm")
         sess.query("USE tm")
+        objective = report["service_level"]["objective"]
         for s in statements("access_log.sql") + statements("views.sql"):
+            if "CREATE VIEW IF NOT EXISTS tm_objective" in s:
+                s = objective_view(s, objective)
             sess.query(s)
         (ingest,) = statements("ingest.sql")
         sess.query(ingest.replace("{path}", os.path.abspath(log)))
@@ -116,6 +200,8 @@ def main():
             if int(placed[k]) != v:
                 failures.append(f"production tokens {k}: sql {placed[k]} vs analyze {v}")
 
+        service, head = compare_service_level(sess, report["service_level"])
+
         (users_sql,) = statements("users.sql")
         users = rows(sess, users_sql)
         wu = report["users"]
@@ -148,7 +234,8 @@ def main():
                 failures.append(f"second {sec} steady_strict: sql {steady} vs analyze {s['steady_strict']} at {s['in_flight_min']}")
             checked += 1
         print(
-            f"clickhouse: {len(cap)} capacity rows, {len(prod)} production rows, {len(users)} users, "
+            f"clickhouse: {len(cap)} capacity rows, {len(prod)} production rows, "
+            f"{len(service)} service-level rows (headline {head['text']!r}), {len(users)} users, "
             f"{checked} seconds compared; {len(failures)} differences"
         )
         for table, (rel, what) in sorted(worst.items()):

@@ -133,11 +133,13 @@ pub fn write_load_log(out: &mut impl Write, lines: usize, seed: u64) -> io::Resu
 /// after up to 4 s, so the guard's cap grows), 20-300 tokens one or a few per event at 25-45 ms
 /// with one gap in 20 stalled 150-400 ms (another request's prefill), and the token curve the
 /// proxy logs, left out of one streamed line in 10 (a line written before it); the others
-/// non-streamed; 2 % errors without a usage. Returns the bytes written.
+/// non-streamed; 2 % errors without a usage. Each line carries its verdict against `slo`
+/// (`slo_ok`, `slo_miss`), as the proxy judges it. Returns the bytes written.
 pub fn write_agents_logs(
     outs: &mut [&mut dyn Write],
     requests: usize,
     seed: u64,
+    slo: &crate::slo::SloConfig,
 ) -> io::Result<u64> {
     const MS: u64 = 1_000_000;
     const AGENTS: u64 = 12;
@@ -194,6 +196,7 @@ pub fn write_agents_logs(
             r.completion_tokens = None;
             r.tok_s = None;
         }
+        r.judge(slo);
         next[lane] = end + rng.gen_range(200..3_000) * MS;
         let k = i % per_out.len().max(1);
         if let Some(v) = per_out.get_mut(k) {

@@ -5,6 +5,7 @@
 use std::process::Command;
 
 use tokenmeter::analyze::{analyze, synth, AnalyzeOptions};
+use tokenmeter::slo::SloConfig;
 
 /// Runs `scripts/clickhouse_check.py` on the logs `glob` and analyze's report of them.
 fn check(glob: &std::path::Path, report: &tokenmeter::analyze::Report) {
@@ -63,11 +64,20 @@ fn clickhouse_sql_reproduces_the_production_curve_of_several_proxies() {
         .iter_mut()
         .map(|f| f as &mut dyn std::io::Write)
         .collect();
-    synth::write_agents_logs(&mut outs, 6_000, 34).unwrap();
+    // Verdicts that miss on both bounds at every level (TTFT above 1.5 s one time in 20, the
+    // pace slower than 50 ms a token now and then, errors), so that levels meet and miss.
+    let slo = SloConfig {
+        max_ttft_ms: 1_500.0,
+        max_tpot_ms: 50.0,
+        attainment_pct: 90.0,
+        ..SloConfig::default()
+    };
+    synth::write_agents_logs(&mut outs, 6_000, 34, &slo).unwrap();
     drop(outs);
     drop(files);
     let opts = AnalyzeOptions {
         per_second: true,
+        slo,
         ..AnalyzeOptions::default()
     };
     let report = analyze(&logs, &opts).unwrap();
@@ -84,6 +94,22 @@ fn clickhouse_sql_reproduces_the_production_curve_of_several_proxies() {
             .count()
             >= 5,
         "the logs have several non-thin levels"
+    );
+    let sl = &report.service_level;
+    let judged: Vec<_> = sl.levels.iter().filter(|r| !r.thin).collect();
+    println!(
+        "service level: {} | {}",
+        sl.capacity.text,
+        judged
+            .iter()
+            .map(|r| format!("{}: {:.1} %", r.in_flight, r.attainment_pct.unwrap_or(0.0)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    assert!(
+        judged.len() >= 5,
+        "several non-thin levels: {}",
+        sl.capacity.text
     );
     check(&dir.join("proxy-*.jsonl"), &report);
 }
