@@ -59,6 +59,10 @@ pub struct DemoArgs {
     /// directory, named at the start and in the closing summary).
     #[arg(long)]
     pub access_log: Option<std::path::PathBuf>,
+    /// Write the simulator's record of every request it finished here (its own timings: the
+    /// truth `tokenmeter analyze LOG --sim-truth FILE` compares the log's service level with).
+    #[arg(long)]
+    pub sim_truth_log: Option<std::path::PathBuf>,
     /// Stop after this long, e.g. 100s, 2m (default: run until Ctrl-C); spelled as `load
     /// --duration` (`--duration-s N`, seconds, still works).
     #[arg(long, alias = "duration-s", value_parser = crate::load::duration::parse_duration)]
@@ -87,6 +91,7 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     // Cached prompt tokens reported in every API's usage, so the proxy's cache audit has them.
     let sim_config = SimConfig {
         enable_prompt_tokens_details: true,
+        truth_log: args.sim_truth_log.clone(),
         ..SimConfig::default()
     };
     let sim = crate::sim::spawn(sim_config, sim_listener).await?;
@@ -115,6 +120,9 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
     println!("  dashboard       : {}", proxy.dashboard_url());
     println!("  live stats      : {base}/stats   (Prometheus: {base}/stats/metrics)");
     println!("  access log      : {}", log.display());
+    if let Some(t) = &args.sim_truth_log {
+        println!("  simulator truth : {}", t.display());
+    }
     println!("  try             : curl -sN {base}/v1/chat/completions -H 'content-type: application/json' \\");
     println!("                      -H 'x-tokenmeter-user: me' -d '{{\"model\":\"sim-model\",\"stream\":true,\"max_tokens\":20,\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'");
     println!();

@@ -135,6 +135,7 @@ pub fn build(
         kv,
         sessions: p.sessions.finish(),
         upstreams: Vec::new(),
+        sim_truth: None,
     }
 }
 

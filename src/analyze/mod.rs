@@ -83,6 +83,11 @@ pub struct AnalyzeArgs {
     /// Print the report as JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// The simulator's per-request record (`tokenmeter demo --sim-truth-log`, `tokenmeter sim
+    /// --truth-log`): the service level on the engine's own account is reported beside the
+    /// log's (`sim_truth` in --json), judged against the same `[slo]`.
+    #[arg(long)]
+    pub sim_truth: Option<PathBuf>,
     /// With --json, include every active second.
     #[arg(long)]
     pub per_second: bool,
@@ -220,6 +225,20 @@ pub fn analyze_sources(sources: &[input::Source], opts: &AnalyzeOptions) -> anyh
     Ok(report)
 }
 
+/// The service level from the simulator's per-request record at `path`, judged against `slo`
+/// ([`crate::sim::request_log::service_level_truth`]).
+pub fn sim_truth(
+    path: &std::path::Path,
+    slo: &crate::slo::SloConfig,
+) -> anyhow::Result<report::SimTruth> {
+    let records = crate::sim::request_log::read(path)?;
+    Ok(report::SimTruth {
+        file: path.display().to_string(),
+        requests: records.len() as u64,
+        service_level: crate::sim::request_log::service_level_truth(slo, &records, false),
+    })
+}
+
 /// An input without a single request record is a mistake (the wrong file, or not an access log):
 /// an error that says so, instead of a page of empty tables.
 fn no_records(report: &Report) -> anyhow::Result<()> {
@@ -244,8 +263,11 @@ fn no_records(report: &Report) -> anyhow::Result<()> {
 pub async fn run_cli(args: AnalyzeArgs) -> anyhow::Result<()> {
     let opts = AnalyzeOptions::from_args(&args, Clock::global().now())?;
     let report = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        let report = analyze(&args.files, &opts)?;
+        let mut report = analyze(&args.files, &opts)?;
         no_records(&report)?;
+        if let Some(path) = &args.sim_truth {
+            report.sim_truth = Some(sim_truth(path, &opts.slo)?);
+        }
         if let Some(dir) = &args.svg {
             std::fs::create_dir_all(dir)
                 .map_err(|e| anyhow::anyhow!("--svg: cannot create {}: {e}", dir.display()))?;

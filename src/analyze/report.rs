@@ -54,6 +54,22 @@ pub struct Report {
     /// One capacity curve per upstream replica when the lines name more than one (each rebuilt
     /// from that replica's records alone, so N is its own concurrency); empty otherwise.
     pub upstreams: Vec<UpstreamCapacity>,
+    /// The service level on the simulator's own account (`--sim-truth`); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sim_truth: Option<SimTruth>,
+}
+
+/// The service level from the simulator's per-request record (`sim::request_log`): the truth
+/// the log's `service_level` is compared with.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimTruth {
+    /// The record read.
+    pub file: String,
+    /// Requests it holds (the engine's finished requests; aborted ones have no record).
+    pub requests: u64,
+    /// The headline and per-level verdicts from those records alone (no rates: the record
+    /// holds no token times).
+    pub service_level: crate::meter::service_level::ServiceLevelView,
 }
 
 /// How the production curve placed the tokens of the generation requests.

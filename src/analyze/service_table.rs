@@ -103,3 +103,59 @@ pub fn sections(v: &ServiceLevelView) -> Vec<(String, Grid)> {
         ),
     ]
 }
+
+/// The log's verdicts per level beside the simulator's own (`--sim-truth`): judged, met and
+/// attainment in each, and the difference in points.
+pub fn against_truth(log: &ServiceLevelView, t: &super::report::SimTruth) -> (String, Grid) {
+    let by_level = |v: &ServiceLevelView| -> std::collections::BTreeMap<u32, ServiceLevelRow> {
+        v.levels
+            .iter()
+            .filter(|r| r.requests > 0)
+            .map(|r| (r.in_flight, r.clone()))
+            .collect()
+    };
+    let (mine, truth) = (by_level(log), by_level(&t.service_level));
+    let mut levels: Vec<u32> = mine.keys().chain(truth.keys()).copied().collect();
+    levels.sort_unstable();
+    levels.dedup();
+    let cells = |r: Option<&ServiceLevelRow>| match r {
+        Some(r) => format!(
+            "{} / {}{} {}",
+            r.requests,
+            r.met,
+            if r.thin { " (thin)" } else { "" },
+            num(r.attainment_pct, 1)
+        ),
+        None => "—".into(),
+    };
+    let rows: Vec<Vec<String>> = levels
+        .iter()
+        .map(|n| {
+            let (m, s) = (mine.get(n), truth.get(n));
+            let diff = match (
+                m.and_then(|r| r.attainment_pct),
+                s.and_then(|r| r.attainment_pct),
+            ) {
+                (Some(a), Some(b)) => format!("{:+.1}", a - b),
+                _ => "—".into(),
+            };
+            vec![n.to_string(), cells(m), cells(s), diff]
+        })
+        .collect();
+    (
+        format!(
+            "Against the simulator's truth ({} requests in {}): this log {}; the simulator's own \
+             account {}",
+            t.requests, t.file, log.capacity.text, t.service_level.capacity.text
+        ),
+        grid(
+            &[
+                "N",
+                "this log: judged / met, attainment %",
+                "simulator: judged / met, attainment %",
+                "difference, points",
+            ],
+            &rows,
+        ),
+    )
+}

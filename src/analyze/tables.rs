@@ -216,6 +216,9 @@ pub fn sections(r: &Report) -> Vec<(String, Grid)> {
         summary.push(vec!["Read error".into(), e.clone()]);
     }
     out.extend(super::service_table::sections(&r.service_level));
+    if let Some(t) = &r.sim_truth {
+        out.push(super::service_table::against_truth(&r.service_level, t));
+    }
     out.push(("Summary".into(), grid(&["", ""], &summary)));
     let t = &r.timeline;
     out.push((

@@ -16,6 +16,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::engine::{Ev, Finish, Timings};
 use super::metrics::Stats;
+use super::request_log::{TruthLog, TruthRecord};
 use super::wire_parts::EventWrite;
 use crate::clock::{Clock, NANOS_PER_SEC};
 
@@ -29,6 +30,16 @@ pub struct SseBody {
     writer: Box<dyn EventWrite>,
     pending: VecDeque<Bytes>,
     finished: bool,
+    truth: Option<TruthNote>,
+}
+
+/// What a streamed request's truth record needs besides the engine's timings.
+#[derive(Debug)]
+struct TruthNote {
+    log: Arc<TruthLog>,
+    arrival_ns: u64,
+    prompt_tokens: u64,
+    tokens: u64,
 }
 
 impl SseBody {
@@ -41,7 +52,19 @@ impl SseBody {
             writer,
             pending,
             finished: false,
+            truth: None,
         }
+    }
+
+    /// Writes the request's record to `log` when the engine reports it done.
+    pub fn with_truth(mut self, log: Arc<TruthLog>, arrival_ns: u64, prompt_tokens: u64) -> Self {
+        self.truth = Some(TruthNote {
+            log,
+            arrival_ns,
+            prompt_tokens,
+            tokens: 0,
+        });
+        self
     }
 }
 
@@ -64,10 +87,22 @@ impl Body for SseBody {
             match this.rx.poll_recv(cx) {
                 Poll::Ready(Some(Ev::Token { choice, finish })) => {
                     this.writer.token(choice, finish, &mut this.pending);
+                    if let Some(n) = this.truth.as_mut() {
+                        n.tokens += 1;
+                    }
                 }
                 Poll::Ready(Some(Ev::Done(t))) => {
                     this.writer.done(Some(&t), &mut this.pending);
                     this.finished = true;
+                    if let Some(n) = this.truth.take() {
+                        n.log.write(&TruthRecord::of(
+                            n.arrival_ns,
+                            &t,
+                            n.prompt_tokens,
+                            n.tokens,
+                            true,
+                        ));
+                    }
                 }
                 // The engine stopped (shutdown): end the stream without [DONE].
                 Poll::Ready(None) => this.finished = true,

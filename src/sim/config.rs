@@ -61,6 +61,10 @@ pub struct SimConfig {
     pub ground_truth_window_s: u64,
     /// Largest accepted request body, bytes.
     pub max_body_bytes: usize,
+    /// Write one JSON line per finished request here, with the engine's own timings
+    /// (`sim::request_log`: the truth a run's service level is checked against); off when
+    /// unset.
+    pub truth_log: Option<std::path::PathBuf>,
 }
 
 impl Default for SimConfig {
@@ -88,6 +92,7 @@ impl Default for SimConfig {
             stamp_events: false,
             ground_truth_window_s: 3600,
             max_body_bytes: 32 * 1024 * 1024,
+            truth_log: None,
         }
     }
 }

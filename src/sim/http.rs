@@ -18,6 +18,7 @@ use super::engine::{Ev, Finish, Job};
 use super::metrics::{self, Stats};
 use super::prompt::token_text;
 use super::request::{self, ApiError, GenRequest};
+use super::request_log::{TruthLog, TruthRecord};
 use super::scheduler::ChannelJob;
 use super::truth::KvTruth;
 use super::wire_parts::{Answering, ChoiceOut};
@@ -43,6 +44,8 @@ pub type SimBody = UnsyncBoxBody<Bytes, Infallible>;
 pub struct App {
     /// The configuration.
     pub cfg: SimConfig,
+    /// Where finished requests' records go (`truth_log`), if anywhere.
+    pub truth: Option<Arc<TruthLog>>,
     /// Live statistics and ground truth.
     pub stats: Arc<Stats>,
     /// Job queue into the engine task.
@@ -260,7 +263,11 @@ async fn generate(
     }
     if gen.stream {
         let writer = (api.writer)(&gen, &answering);
-        return sse_response(SseBody::new(rx, writer).boxed_unsync());
+        let mut body = SseBody::new(rx, writer);
+        if let Some(log) = &app.truth {
+            body = body.with_truth(Arc::clone(log), arrival_ns, gen.prompt_tokens);
+        }
+        return sse_response(body.boxed_unsync());
     }
     // Non-streaming: if the client leaves, hyper drops this future and with it `rx`: the engine aborts.
     let mut outs: Vec<ChoiceOut> = (0..gen.n)
@@ -285,6 +292,16 @@ async fn generate(
                 }
             }
             Ev::Done(t) => {
+                if let Some(log) = &app.truth {
+                    let tokens = outs.iter().map(|c| c.tokens).sum();
+                    log.write(&TruthRecord::of(
+                        arrival_ns,
+                        &t,
+                        gen.prompt_tokens,
+                        tokens,
+                        false,
+                    ));
+                }
                 return json(200, (api.full_response)(&gen, &answering, &outs, Some(&t)));
             }
         }

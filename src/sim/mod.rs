@@ -13,6 +13,7 @@ pub(crate) mod kv;
 pub mod metrics;
 pub mod prompt;
 pub(crate) mod request;
+pub mod request_log;
 pub mod scheduler;
 pub(crate) mod statslog;
 pub(crate) mod tools;
@@ -104,6 +105,10 @@ pub struct SimOverrides {
     /// `usage.cache_read_input_tokens` (off by default, as vLLM).
     #[arg(long)]
     pub enable_prompt_tokens_details: bool,
+    /// Write one JSON line per finished request to this file, with the engine's own timings
+    /// (the truth `analyze --sim-truth` compares a log with).
+    #[arg(long)]
+    pub truth_log: Option<PathBuf>,
 }
 
 /// A flag's help with the value it has when neither the flag nor the config file sets it (the
@@ -143,6 +148,9 @@ impl SimArgs {
         c.fixed_pace |= o.fixed_pace;
         c.stamp_events |= o.stamp_events;
         c.per_request_metrics |= o.per_request_metrics;
+        if let Some(p) = &o.truth_log {
+            c.truth_log = Some(p.clone());
+        }
         c.validate()?;
         Ok(c)
     }
@@ -222,8 +230,15 @@ pub async fn spawn(
     let stats = Arc::new(metrics::Stats::new(config.ground_truth_window_s));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
+    let truth = match &config.truth_log {
+        Some(p) => Some(Arc::new(request_log::TruthLog::create(p).map_err(|e| {
+            anyhow::anyhow!("creating the truth log {}: {e}", p.display())
+        })?)),
+        None => None,
+    };
     let app = Arc::new(http::App {
         cfg: config.clone(),
+        truth,
         stats: Arc::clone(&stats),
         jobs: jobs_tx,
         started_s: Clock::global().now() / NANOS_PER_SEC,

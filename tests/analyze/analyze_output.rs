@@ -345,3 +345,72 @@ fn per_api_table_counts_every_api_and_reads_old_lines_by_path() {
     assert!(text.contains("## Per API"), "{text}");
     assert!(text.contains("| messages "), "{text}");
 }
+
+#[test]
+fn the_simulators_record_is_reported_beside_the_log() {
+    use tokenmeter::sim::request_log::TruthRecord;
+    let dir = TempDir::new("sim-truth");
+    let truth = dir.0.join("truth.jsonl");
+    // Two requests over the same 0.8 s (level 2), one alone after them (level 1): one met, one
+    // missed on its pace (10 tokens: 700 ms / 9 = 78 ms a token against 40), one non-streamed
+    // met on its whole time.
+    let rec = |arrival_s: u64, tokens: u64, stream: bool| TruthRecord {
+        arrival_ns: arrival_s * 1_000_000_000,
+        queue_ns: 0,
+        ttft_ns: 100_000_000,
+        e2e_ns: 800_000_000,
+        prompt_tokens: 1_000,
+        cached_tokens: 0,
+        completion_tokens: tokens,
+        stream,
+    };
+    let lines: String = [rec(10, 20, true), rec(10, 10, true), rec(20, 20, false)]
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap() + "\n")
+        .collect();
+    std::fs::write(&truth, lines).unwrap();
+    let bin = env!("CARGO_BIN_EXE_tokenmeter");
+    let run = |json: bool| {
+        let mut c = Command::new(bin);
+        c.arg("analyze")
+            .arg(fixture())
+            .arg("--sim-truth")
+            .arg(&truth);
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let v: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
+    validate(&v);
+    let t = &v["sim_truth"];
+    assert_eq!(t["requests"], 3);
+    let levels = t["service_level"]["levels"].as_array().unwrap();
+    let at = |n: u64| levels.iter().find(|l| l["in_flight"] == n).unwrap();
+    assert_eq!(
+        (at(2)["requests"].clone(), at(2)["met"].clone()),
+        (2.into(), 1.into())
+    );
+    assert_eq!(at(2)["missed"]["pace"], 1);
+    assert_eq!(
+        (at(1)["requests"].clone(), at(1)["met"].clone()),
+        (1.into(), 1.into())
+    );
+    let text = run(false);
+    assert!(
+        text.contains("Against the simulator's truth (3 requests in"),
+        "{text}"
+    );
+    // Without the flag the report has no such field.
+    let plain = analyze(&[fixture()], &AnalyzeOptions::default()).unwrap();
+    assert!(serde_json::to_value(&plain)
+        .unwrap()
+        .get("sim_truth")
+        .is_none());
+}

@@ -16,10 +16,11 @@
 use std::collections::BTreeMap;
 
 use tokenmeter::meter::levels::ProductionRow;
-use tokenmeter::meter::service_level::{service_level_view, ServiceLevelView, VerdictsByLevel};
+use tokenmeter::meter::service_level::ServiceLevelView;
 use tokenmeter::meter::SnapshotQuery;
+use tokenmeter::sim::request_log::{service_level_truth, TruthRecord};
 use tokenmeter::sim::SimConfig;
-use tokenmeter::slo::{judge, Ending, SloConfig, SloInput, Verdict};
+use tokenmeter::slo::SloConfig;
 
 use crate::meter_support::T0;
 use crate::sim_traffic::{analyze, run_traffic, SimRequest, Traffic};
@@ -29,72 +30,22 @@ fn formula(n: u32) -> f64 {
     1000.0 / (12.2 + 2.1 * n as f64)
 }
 
-/// The engine's verdict on one request, from its own timings. A non-streamed request is judged
-/// on its whole time, as its client (and the proxy) sees it; `ttft_for_all` judges every request
-/// on the engine's TTFT and pace instead (reported beside, for what the e2e rule changes).
-fn sim_verdict(slo: &SloConfig, r: &SimRequest, ttft_for_all: bool) -> Option<Verdict> {
-    let ms = |ns: u64| ns as f64 / 1e6;
-    judge(
-        slo,
-        &SloInput {
-            ending: Ending::Complete,
-            ttft_ms: (r.stream || ttft_for_all).then(|| ms(r.timings.ttft_ns)),
-            e2e_ms: Some(ms(r.timings.e2e_ns)),
-            completion_tokens: Some(r.completion_tokens),
-            prompt_tokens: Some(r.prompt_tokens),
-            cached_prompt_tokens: Some(r.timings.cached_tokens),
-        },
-    )
-}
-
-/// Each request's mean level over its life `[arrival, arrival + e2e]`, the level being the
-/// number of the engine's requests (waiting or running) at each instant, itself included.
-fn sim_levels(truth: &[SimRequest]) -> Vec<f64> {
-    let span = |r: &SimRequest| (r.arrival, r.arrival + r.timings.e2e_ns);
-    // Sweep the arrivals and ends once: the level's running integral at each event.
-    let mut events: Vec<(u64, i64)> = truth
-        .iter()
-        .flat_map(|r| {
-            let (a, e) = span(r);
-            [(a, 1i64), (e, -1i64)]
-        })
-        .collect();
-    // At one instant, ends before arrivals (a request ending as another arrives never overlaps).
-    events.sort_unstable();
-    let mut times = Vec::with_capacity(events.len());
-    let mut areas = Vec::with_capacity(events.len());
-    let (mut level, mut area, mut last) = (0i64, 0u128, 0u64);
-    for (t, d) in events {
-        area += (level as u128) * u128::from(t - last.min(t));
-        last = t;
-        level += d;
-        times.push(t);
-        areas.push(area);
-    }
-    let area_at = |t: u64| areas[times.partition_point(|x| *x < t).min(areas.len() - 1)];
-    truth
+/// The service-level view from the engine's own account (`sim::request_log`, the same code
+/// `analyze --sim-truth` runs on the demo's record).
+fn truth_view(slo: &SloConfig, truth: &[SimRequest], ttft_for_all: bool) -> ServiceLevelView {
+    let records: Vec<TruthRecord> = truth
         .iter()
         .map(|r| {
-            let (a, e) = span(r);
-            if e <= a {
-                return 1.0;
-            }
-            (area_at(e) - area_at(a)) as f64 / (e - a) as f64
+            TruthRecord::of(
+                r.arrival,
+                &r.timings,
+                r.prompt_tokens,
+                r.completion_tokens,
+                r.stream,
+            )
         })
-        .collect()
-}
-
-/// The service-level view from the engine's own account.
-fn truth_view(slo: &SloConfig, truth: &[SimRequest], ttft_for_all: bool) -> ServiceLevelView {
-    let mut v = VerdictsByLevel::new();
-    for (r, level) in truth.iter().zip(sim_levels(truth)) {
-        v.add(
-            level.round() as u32,
-            sim_verdict(slo, r, ttft_for_all),
-            Some(r.completion_tokens),
-        );
-    }
-    service_level_view(slo, &v, &BTreeMap::new())
+        .collect();
+    service_level_truth(slo, &records, ttft_for_all)
 }
 
 fn rows(v: &ServiceLevelView) -> BTreeMap<u32, &tokenmeter::meter::service_level::ServiceLevelRow> {

@@ -19,4 +19,5 @@ mod sim_kv_http;
 mod sim_metrics;
 mod sim_rates;
 mod sim_scale;
+mod sim_truth_log;
 mod sim_wire;
