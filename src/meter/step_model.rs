@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::clock::NANOS_PER_SEC;
 use crate::slo::SloConfig;
 
-use super::levels::LevelSums;
+use super::level_batches::LevelSums;
 use super::summary::Z95;
 
 /// Levels with less clean time than this give the model no point (their τ is noise).
