@@ -63,6 +63,10 @@ pub struct DemoArgs {
     /// truth `tokenmeter analyze LOG --sim-truth FILE` compares the log's service level with).
     #[arg(long)]
     pub sim_truth_log: Option<std::path::PathBuf>,
+    /// Write the final `/stats` document here (taken when the agents have stopped, before the
+    /// proxy does), to compare the live figures with `analyze` of the log.
+    #[arg(long)]
+    pub final_stats: Option<std::path::PathBuf>,
     /// Stop after this long, e.g. 100s, 2m (default: run until Ctrl-C); spelled as `load
     /// --duration` (`--duration-s N`, seconds, still works).
     #[arg(long, alias = "duration-s", value_parser = crate::load::duration::parse_duration)]
@@ -167,6 +171,11 @@ pub async fn run_cli(args: DemoArgs) -> anyhow::Result<()> {
         .await
         .ok()
         .and_then(|s| serde_json::to_value(&s).ok());
+    if let (Some(path), Some(v)) = (&args.final_stats, &snap) {
+        let text = serde_json::to_vec_pretty(v)?;
+        std::fs::write(path, text)
+            .with_context(|| format!("--final-stats: writing {}", path.display()))?;
+    }
     proxy.shutdown().await;
     sim.shutdown().await;
     let records = std::fs::read_to_string(&log)
