@@ -457,6 +457,83 @@ async fn one_span_per_request_with_genai_attributes_ttft_event_and_the_callers_t
     up.shutdown().await;
 }
 
+/// Each API's span names its own OpenTelemetry GenAI operation (`gen_ai.operation.name`):
+/// chat completions, Responses and Messages are `chat`, legacy completions `text_completion`;
+/// the operation comes from the API the request was read as, not from its path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_api_is_exported_with_its_genai_operation() {
+    let (otlp, got) = receiver().await;
+    let up = sim().await;
+    let proxy = TestProxy::start(&format!("http://{}", up.addr()), |c| {
+        c.otlp_endpoint = Some(format!("http://{otlp}"));
+        c.otlp_export_interval_ms = 200;
+        c.otlp_traces = true;
+    })
+    .await;
+    let requests = [
+        (
+            "/v1/chat/completions",
+            r#"{"model":"sim-model","messages":[{"role":"user","content":"q"}],"max_tokens":5,"stream":true}"#,
+            "chat",
+            "chat",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"sim-model","prompt":"q","max_tokens":5,"stream":true}"#,
+            "completions",
+            "text_completion",
+        ),
+        (
+            "/v1/responses",
+            r#"{"model":"sim-model","input":"q","max_output_tokens":5,"stream":true}"#,
+            "responses",
+            "chat",
+        ),
+        (
+            "/v1/messages",
+            r#"{"model":"sim-model","messages":[{"role":"user","content":"q"}],"max_tokens":5,"stream":true}"#,
+            "messages",
+            "chat",
+        ),
+    ];
+    for (path, body, _, _) in requests {
+        let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+        c.write_all(&post(path, body, &[])).await.unwrap();
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).await.unwrap();
+        assert!(
+            out.starts_with(b"HTTP/1.1 200"),
+            "{path}: {}",
+            String::from_utf8_lossy(&out)
+        );
+    }
+    let lines = proxy.finish().await;
+    assert_eq!(lines.len(), requests.len());
+    let exports = std::mem::take(&mut got.lock().unwrap().traces);
+    let spans: Vec<_> = exports
+        .iter()
+        .flat_map(|e| &e.resource_spans)
+        .flat_map(|r| &r.scope_spans)
+        .flat_map(|s| &s.spans)
+        .collect();
+    assert_eq!(spans.len(), requests.len());
+    for (line, (path, _, api, operation)) in lines.iter().zip(requests) {
+        assert_eq!(line["api"], api, "{path}");
+        let rid = line["request_id"].as_str().unwrap();
+        let span = spans
+            .iter()
+            .find(|s| attr(&s.attributes, "tokenmeter.request_id") == Some(rid))
+            .unwrap_or_else(|| panic!("no span for {path}"));
+        assert_eq!(
+            attr(&span.attributes, "gen_ai.operation.name"),
+            Some(operation),
+            "{path}"
+        );
+        assert_eq!(span.name, format!("{operation} sim-model"), "{path}");
+    }
+    up.shutdown().await;
+}
+
 /// A collector that accepts and never answers (export timeout 10 s at the default interval)
 /// cannot hold up shutdown past the bounded wait every join at shutdown gets (2 s), and the
 /// access log is still closed complete.
