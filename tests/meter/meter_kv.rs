@@ -278,6 +278,8 @@ fn first_tokens_beyond_the_longest_gap_by_two_paces_are_queued() {
     assert_eq!(w.source, Some("first_token"));
     // The stream itself arrived alone: not judged, and not in this window (its first token at 0.1 s).
     assert_eq!(m.saturation_now(at(11.0)), Some(SaturationState::Queueing));
+    let text = m.prometheus(at(11.0));
+    assert!(text.contains("\ntokenmeter_saturation_state 1\n"), "{text}");
 }
 
 #[test]
@@ -387,8 +389,27 @@ fn headroom_extrapolates_the_estimates_growth_to_the_time_until_full() {
     // The 10 s window: 0 blocks at second 11's first event, 100 at second 21.
     assert_eq!(h.growth_blocks_per_s, Some(10.0));
     assert_eq!(h.seconds_to_full, Some((8191.0 - 100.0) / 10.0));
+    let text = m.prometheus(at(21.5));
+    assert!(
+        text.contains("\ntokenmeter_kv_growth_blocks_per_second 10\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\ntokenmeter_kv_time_to_full_seconds 809.1\n"),
+        "{text}"
+    );
     // No growth over the next window (nothing new): not filling, no time to full.
     let s = m.snapshot(at(40.5), &SnapshotQuery::default()).unwrap();
     assert_eq!(s.kv.headroom.growth_blocks_per_s, Some(0.0));
     assert_eq!(s.kv.headroom.seconds_to_full, None);
+    // Not filling: the time to full is absent, not 0.
+    let text = m.prometheus(at(40.5));
+    assert!(
+        !text.contains("\ntokenmeter_kv_time_to_full_seconds "),
+        "{text}"
+    );
+    assert!(
+        text.contains("\ntokenmeter_kv_growth_blocks_per_second 0\n"),
+        "{text}"
+    );
 }
