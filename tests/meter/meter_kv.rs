@@ -280,6 +280,13 @@ fn first_tokens_beyond_the_longest_gap_by_two_paces_are_queued() {
     assert_eq!(m.saturation_now(at(11.0)), Some(SaturationState::Queueing));
     let text = m.prometheus(at(11.0));
     assert!(text.contains("\ntokenmeter_saturation_state 1\n"), "{text}");
+    // The timeline's line: the state of the window ending with each second (seconds 1..=10),
+    // as the meter knows it now. The windows ending at 2 s to 4 s hold the first tokens of
+    // seconds 1 and 2 only (two judged: unknown); from the one ending at 5 s on, all three.
+    let t = m.timeline(at(11.0), 10);
+    assert_eq!(t.from_s, T0 / NANOS_PER_SEC + 1);
+    assert_eq!(t.saturation[..3], [None, None, None]);
+    assert_eq!(t.saturation[3..], [Some(1); 7]);
 }
 
 #[test]
