@@ -65,7 +65,7 @@ impl Meter {
                 t.saturation[i] = self
                     .saturation_window(sec + 1, len)
                     .state
-                    .map(|s| s.level());
+                    .map(super::saturation::SaturationState::level);
             }
         }
         t

@@ -124,7 +124,7 @@ pub fn with_first_token(mut w: SaturationWindow, ft: FirstTokenWindow) -> Satura
             None => {
                 w.reason = Some(
                     "no scrape of vllm:num_requests_waiting inside the window, and fewer than 3 first tokens judged against the other streams' gaps",
-                )
+                );
             }
         }
     }
