@@ -149,11 +149,8 @@ impl super::engine::Meter {
         let from = to.saturating_sub(len * NANOS_PER_SEC);
         let w = match self.server.as_ref() {
             Some(track) => {
-                let before = track.samples().take_while(|s| s.ts_ns < from).last();
-                saturation(
-                    before,
-                    track.samples().filter(|s| (from..to).contains(&s.ts_ns)),
-                )
+                let (before, inside) = track.around(from, to);
+                saturation(before, inside)
             }
             None => saturation(None, std::iter::empty()),
         };
