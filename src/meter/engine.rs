@@ -21,6 +21,7 @@ use super::scope_slots::{ScopeSlot, Scopes};
 use super::service_level::VerdictsByLevel;
 use super::sessions::{SessionBook, SessionCallFigures, MAX_TRACKED_SESSIONS};
 use super::timeline::{generation_interval, second_of};
+use super::ttft_queueing::FirstTokenTrack;
 
 #[derive(Debug, Clone)]
 struct OpenRequest {
@@ -40,6 +41,8 @@ struct OpenRequest {
     first_token_ns: Option<UnixNanos>,
     /// ITL gaps were observed as they passed (the record's are then not observed again).
     itl_live: bool,
+    /// Other requests were in flight at its arrival (its first token is judged for queueing).
+    behind_others: bool,
     guard: GuardKey,
 }
 
@@ -71,6 +74,8 @@ pub struct Meter {
     pub(super) sessions: SessionBook,
     /// The live KV estimate's blocks per second, for its growth (while the block size is known).
     kv_history: kv::BlockHistory,
+    /// Gaps and first tokens per second: saturation without a scrape.
+    pub(super) first_tokens: FirstTokenTrack,
 }
 
 /// Hashes request ids with one multiplication. The ids are the proxy's own counters, chosen by
@@ -132,6 +137,7 @@ impl Meter {
             last_kv: None,
             sessions: SessionBook::new(MAX_TRACKED_SESSIONS),
             kv_history: kv::BlockHistory::default(),
+            first_tokens: FirstTokenTrack::default(),
         }
     }
 
@@ -198,6 +204,8 @@ impl Meter {
             self.finalized_to = limit;
         }
         self.aggregate.evict_before(floor);
+        self.first_tokens.settle(now_sec);
+        self.first_tokens.evict_before(floor);
         // A segment is final once every open request's remaining tokens would be spread after it.
         let decode_from = self
             .open
@@ -281,6 +289,7 @@ impl Meter {
         let user = self.user_key(now, user);
         let model = self.model_key(now, model);
         self.aggregate.start(now, floor);
+        let behind_others = self.aggregate.in_flight.level() > 1;
         for s in [self.users.get_mut(user), self.models.get_mut(model)]
             .into_iter()
             .flatten()
@@ -303,6 +312,7 @@ impl Meter {
                 last_token_ns: None,
                 first_token_ns: None,
                 itl_live: false,
+                behind_others,
                 guard,
             },
         );
@@ -324,6 +334,7 @@ impl Meter {
         if gaps.count > 0 {
             o.itl_live = true;
             self.prom.gaps(o.prom_slot, gaps);
+            self.first_tokens.gaps(now, gaps);
             self.aggregate.gaps(now, gaps, floor);
             for s in [self.users.get_mut(o.user), self.models.get_mut(o.model)]
                 .into_iter()
@@ -341,6 +352,8 @@ impl Meter {
         if o.first_token_ns.is_none() {
             o.first_token_ns = Some(now);
             self.levels.first_token(now, o.guard);
+            self.first_tokens
+                .first_token(o.start_ns, now, o.behind_others);
             // TTFT is observed now, as vLLM does, not when the stream ends.
             let ttft = std::time::Duration::from_nanos(now.saturating_sub(o.start_ns));
             self.prom.first_token(o.prom_slot, ttft.as_secs_f64());

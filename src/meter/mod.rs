@@ -36,6 +36,7 @@ mod stats;
 pub(crate) mod step_model;
 pub(crate) mod summary;
 pub mod timeline;
+pub mod ttft_queueing;
 pub(crate) mod ui;
 pub(crate) mod window;
 

@@ -24,6 +24,7 @@ mod meter_props;
 mod meter_timeline;
 mod meter_vs_sim;
 mod meter_windows;
+mod saturation_sim;
 mod service_level;
 mod service_level_agents;
 mod sessions_vs_sim;
