@@ -1,7 +1,6 @@
 //! [`Meter`]: the single-threaded accounting core. Time is always passed in.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
@@ -11,6 +10,7 @@ use crate::scrape::{ServerSample, ServerTrack};
 
 use super::capacity::{CapacityAccumulator, RequestLevel};
 use super::config::{MeterConfig, MAX_HORIZON_S};
+use super::id_hash::IdMap;
 use super::inflight::mean_level;
 use super::kv;
 use super::labels::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
@@ -56,7 +56,7 @@ pub struct Meter {
     pub(super) users: Scopes,
     pub(super) users_folded: u64,
     pub(super) models: Scopes,
-    open: HashMap<u64, OpenRequest, BuildHasherDefault<IdHasher>>,
+    open: IdMap<OpenRequest>,
     pub(super) capacity: CapacityAccumulator,
     /// The production-traffic curve's attribution (aggregate scope).
     pub(super) levels: LevelAttribution,
@@ -76,30 +76,6 @@ pub struct Meter {
     kv_history: kv::BlockHistory,
     /// Gaps and first tokens per second: saturation without a scrape.
     pub(super) first_tokens: FirstTokenTrack,
-}
-
-/// Hashes request ids with one multiplication. The ids are the proxy's own counters, chosen by
-/// nobody, and SipHash (built to resist chosen keys) cost about 300 instructions per streamed
-/// event here.
-#[derive(Debug, Default, Clone, Copy)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        // Fibonacci hashing: the low bits (the bucket) of consecutive ids all differ, the high
-        // bits (hashbrown's tags) are mixed.
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
 }
 
 /// The numeric id in a proxy request id of the form `tm-<prefix hex>-<id hex>`: for records read

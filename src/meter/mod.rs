@@ -11,6 +11,7 @@ pub mod engine;
 pub(crate) mod gauges;
 pub mod histogram;
 pub(crate) mod http;
+mod id_hash;
 pub mod inflight;
 pub mod kv;
 pub(crate) mod labels;
