@@ -5,7 +5,8 @@
 //!
 //! Needs Chromium (`.ci/run` installs the Debian package): `cargo test --release --test
 //! dashboard_browser -- --ignored --nocapture`. With `TOKENMETER_SCREENSHOT=path` the screenshot
-//! is copied there (the picture in docs/monitoring.md, `docs/dashboard.png`, comes from this test).
+//! is copied there (the picture in docs/monitoring.md is of the demo instead; how it was taken is
+//! written below it).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
