@@ -26,5 +26,6 @@ mod meter_vs_sim;
 mod meter_windows;
 mod service_level;
 mod service_level_agents;
+mod sessions_audit;
 mod sessions_vs_sim;
 mod sim_traffic;
