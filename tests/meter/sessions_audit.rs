@@ -141,7 +141,7 @@ pub fn json_close(a: &Value, b: &Value, at: &str) {
             assert!(
                 close(x.as_f64().unwrap(), y.as_f64().unwrap()),
                 "{at}: {x} vs {y}"
-            )
+            );
         }
         (Value::Object(x), Value::Object(y)) => {
             assert_eq!(
