@@ -95,6 +95,7 @@ impl Meter {
         config.max_tracked_users = config.max_tracked_users.max(1);
         let origin_sec = second_of(origin);
         let levels = LevelAttribution::new(config.guard(), origin);
+        let user_cap = config.max_tracked_users;
         Meter {
             prom: PromState::new(config.metrics_user_label, config.max_tracked_users),
             config,
@@ -111,7 +112,7 @@ impl Meter {
             last_tick_sec: origin_sec,
             server: None,
             last_kv: None,
-            sessions: SessionBook::new(MAX_TRACKED_SESSIONS),
+            sessions: SessionBook::new(MAX_TRACKED_SESSIONS, user_cap),
             kv_history: kv::BlockHistory::default(),
             first_tokens: FirstTokenTrack::default(),
         }
@@ -194,6 +195,9 @@ impl Meter {
         if let Some(t) = &mut self.server {
             t.evict_before(floor.saturating_mul(NANOS_PER_SEC));
         }
+        let prom = &mut self.prom;
+        self.sessions
+            .close_idle(now, |wait_ms| prom.turn_closed(wait_ms));
         let expiry = self.config.user_idle_expiry_s.saturating_mul(NANOS_PER_SEC);
         self.users
             .retain(|s| s.in_flight.level() > 0 || now.saturating_sub(s.last_event_ns) <= expiry);
@@ -384,7 +388,9 @@ impl Meter {
             return;
         }
         if let Some(f) = SessionCallFigures::of(record) {
-            self.sessions.add(&f);
+            if let Some(wait_ms) = self.sessions.add(&f) {
+                self.prom.turn_closed(wait_ms);
+            }
         }
         let floor = self.floor(second_of(now));
         let (user, model, attributed, started) = match &open {

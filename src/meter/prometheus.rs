@@ -262,6 +262,11 @@ fn bounded(set: &mut HashSet<Arc<str>>, name: &str, cap: usize) -> Arc<str> {
 }
 
 impl PromState {
+    /// Observes an agent turn's wait once the turn closed (`meter::sessions`), ms.
+    pub fn turn_closed(&mut self, wait_ms: f64) {
+        self.sessions.turn_closed(wait_ms);
+    }
+
     /// Empty state; `user_label` adds a `user` label to counters, at most `max_users` names.
     pub fn new(user_label: bool, max_users: usize) -> Self {
         PromState {

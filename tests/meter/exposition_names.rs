@@ -82,6 +82,9 @@ const PROXY: &str = "
     tokenmeter_agent_call_gap_seconds_count histogram -
     tokenmeter_agent_call_gap_seconds_sum histogram -
     tokenmeter_agent_calls_total counter prefix_audit
+    tokenmeter_agent_turn_wait_seconds_bucket histogram le
+    tokenmeter_agent_turn_wait_seconds_count histogram -
+    tokenmeter_agent_turn_wait_seconds_sum histogram -
     tokenmeter_build_info gauge version
     tokenmeter_completion_tokens_total counter model,api,user
     tokenmeter_e2e_request_latency_seconds_bucket histogram model,le

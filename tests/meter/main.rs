@@ -27,5 +27,6 @@ mod meter_windows;
 mod saturation_sim;
 mod service_level;
 mod service_level_agents;
+mod sessions_audit;
 mod sessions_vs_sim;
 mod sim_traffic;
