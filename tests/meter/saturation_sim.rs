@@ -7,9 +7,7 @@
 //! its last step, once a second. The state must stay `ok` over the plateau (the long prompt
 //! included) and turn `queueing` within two 10 s windows of the engine's first queueing.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -19,24 +17,11 @@ use tokenmeter::itl::{Gap, Gaps};
 use tokenmeter::meter::saturation::SaturationState;
 use tokenmeter::meter::{Meter, MeterConfig, SnapshotQuery};
 use tokenmeter::scrape::{ServerSample, VllmValues};
-use tokenmeter::sim::engine::{Engine, Ev, Job, Sink};
+use tokenmeter::sim::engine::{Engine, Ev, Job};
 use tokenmeter::sim::metrics::Stats;
 use tokenmeter::sim::SimConfig;
 
-use crate::meter_support::{record, T0};
-
-#[derive(Clone, Default)]
-struct Rec(Rc<RefCell<Vec<Ev>>>);
-
-impl Sink for Rec {
-    fn is_closed(&self) -> bool {
-        false
-    }
-    fn deliver(&mut self, ev: Ev) -> bool {
-        self.0.borrow_mut().push(ev);
-        true
-    }
-}
+use crate::meter_support::{record, Rec, T0};
 
 struct Open {
     rec: Rec,
