@@ -3,111 +3,19 @@
 //! and the prefix-cache audit summed, with the TTFT of the calls that kept their prefix cached
 //! against those that lost it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use serde::Serialize;
 
 use crate::clock::UnixNanos;
-use crate::meter::histogram::{nearest_rank, LogHistogram};
+use crate::meter::prefix_audit::{AuditRow, AuditView};
 use crate::meter::sessions::{
     SessionBook, SessionCallFigures, SessionRow, SessionsOther, TOP_SESSIONS,
 };
+use crate::meter::spread::{Spread, SpreadAcc};
 
 use super::grid::{grid, num, Grid};
 use super::parse::LeanRecord;
-
-/// Nearest-rank percentiles and the maximum of a set of values, ms.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Spread {
-    /// Values.
-    pub count: u64,
-    /// Their mean.
-    pub mean_ms: Option<f64>,
-    /// Nearest-rank percentiles.
-    pub p50_ms: Option<f64>,
-    /// 90th.
-    pub p90_ms: Option<f64>,
-    /// 99th.
-    pub p99_ms: Option<f64>,
-    /// The largest.
-    pub max_ms: Option<f64>,
-}
-
-/// TTFTs kept in bounded memory: a log histogram (percentiles within 0.5 %), their sum and
-/// maximum.
-#[derive(Debug, Default)]
-struct TtftAcc {
-    hist: LogHistogram,
-    sum: f64,
-    max: Option<f64>,
-}
-
-impl TtftAcc {
-    fn add(&mut self, v: f64) {
-        if !v.is_finite() {
-            return;
-        }
-        self.hist.record(v);
-        self.sum += v;
-        self.max = Some(self.max.map_or(v, |m| m.max(v)));
-    }
-
-    fn merge(&mut self, o: &TtftAcc) {
-        self.hist.merge(&o.hist);
-        self.sum += o.sum;
-        self.max = match (self.max, o.max) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
-    }
-
-    fn spread(&self) -> Spread {
-        let n = self.hist.count();
-        Spread {
-            count: n,
-            mean_ms: (n > 0).then(|| self.sum / n as f64),
-            p50_ms: self.hist.percentile(0.5),
-            p90_ms: self.hist.percentile(0.9),
-            p99_ms: self.hist.percentile(0.99),
-            max_ms: self.max,
-        }
-    }
-}
-
-impl Spread {
-    /// The spread of `v` (sorted here).
-    pub fn of(mut v: Vec<f64>) -> Spread {
-        v.retain(|x| x.is_finite());
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let rank = |q: f64| nearest_rank(&v, q);
-        Spread {
-            count: n as u64,
-            mean_ms: (n > 0).then(|| v.iter().sum::<f64>() / n as f64),
-            p50_ms: rank(0.5),
-            p90_ms: rank(0.9),
-            p99_ms: rank(0.99),
-            max_ms: v.last().copied(),
-        }
-    }
-}
-
-/// The prefix-cache audit over the log's agent calls.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct AuditSummary {
-    /// Calls by `prefix_audit` verdict.
-    pub by_verdict: BTreeMap<String, u64>,
-    /// Σ `prefix_expected_tokens` of the calls judged `kept` or `lost`.
-    pub expected_tokens: u64,
-    /// Σ `cached_prompt_tokens` of those calls.
-    pub cached_tokens: u64,
-    /// Σ `prefix_lost_tokens` (the prompt tokens prefilled again).
-    pub lost_tokens: u64,
-    /// TTFT of the `kept` calls (percentiles from a log histogram, within 0.5 %).
-    pub ttft_kept: Spread,
-    /// TTFT of the `lost` calls.
-    pub ttft_lost: Spread,
-}
 
 /// The report's `sessions` object.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -125,8 +33,8 @@ pub struct AnalyzeSessions {
     pub other: SessionsOther,
     /// The wait per turn: Σ `e2e_ms` of each (session, turn)'s calls.
     pub wait_per_turn: Spread,
-    /// The prefix-cache audit.
-    pub audit: AuditSummary,
+    /// The prefix-cache audit: in total, per user, per in-flight level.
+    pub audit: AuditView,
 }
 
 /// What pass 1 gathers of the sessions (order-independent, merged across workers).
@@ -134,20 +42,14 @@ pub struct AnalyzeSessions {
 pub struct SessionsAcc {
     book: SessionBook,
     turn_waits: HashMap<(String, u32), f64>,
-    audit: AuditSummary,
-    ttft_kept: TtftAcc,
-    ttft_lost: TtftAcc,
     last_end: UnixNanos,
 }
 
 impl Default for SessionsAcc {
     fn default() -> Self {
         SessionsAcc {
-            book: SessionBook::new(usize::MAX),
+            book: SessionBook::new(usize::MAX, usize::MAX),
             turn_waits: HashMap::new(),
-            audit: AuditSummary::default(),
-            ttft_kept: TtftAcc::default(),
-            ttft_lost: TtftAcc::default(),
             last_end: 0,
         }
     }
@@ -160,7 +62,7 @@ impl SessionsAcc {
             return;
         };
         self.last_end = self.last_end.max(end_ns);
-        self.book.add(&SessionCallFigures {
+        let f = SessionCallFigures {
             session: &s.name,
             source: s.source,
             user: &r.user,
@@ -173,27 +75,15 @@ impl SessionsAcc {
             cached_tokens: r.cached_prompt_tokens,
             prefix_expected_tokens: s.expected,
             prefix_lost_tokens: s.lost,
-        });
-        if let (Some(t), Some(w)) = (s.turn, r.e2e_ms) {
+            prefix_audit: s.audit.as_deref(),
+            in_flight_at_start: r.in_flight_at_start,
+            ttft_ms: r.ttft_ms,
+        };
+        self.book.add(&f);
+        // Summed per (session, turn) over the whole log, not by the book's open turn: a turn
+        // may be split across files (and workers).
+        if let Some((t, w)) = f.turn_wait() {
             *self.turn_waits.entry((s.name.to_string(), t)).or_default() += w;
-        }
-        let verdict = s.audit.as_deref().unwrap_or("none");
-        match self.audit.by_verdict.get_mut(verdict) {
-            Some(n) => *n += 1,
-            None => {
-                self.audit.by_verdict.insert(verdict.to_string(), 1);
-            }
-        }
-        if matches!(verdict, "kept" | "lost") {
-            self.audit.expected_tokens += s.expected.unwrap_or(0);
-            self.audit.cached_tokens += r.cached_prompt_tokens.unwrap_or(0);
-            self.audit.lost_tokens += s.lost.unwrap_or(0);
-            if let Some(t) = r.ttft_ms {
-                match verdict {
-                    "kept" => self.ttft_kept.add(t),
-                    _ => self.ttft_lost.add(t),
-                }
-            }
         }
     }
 
@@ -203,23 +93,16 @@ impl SessionsAcc {
         for (k, w) in o.turn_waits {
             *self.turn_waits.entry(k).or_default() += w;
         }
-        for (k, n) in o.audit.by_verdict {
-            *self.audit.by_verdict.entry(k).or_default() += n;
-        }
-        self.audit.expected_tokens += o.audit.expected_tokens;
-        self.audit.cached_tokens += o.audit.cached_tokens;
-        self.audit.lost_tokens += o.audit.lost_tokens;
-        self.ttft_kept.merge(&o.ttft_kept);
-        self.ttft_lost.merge(&o.ttft_lost);
         self.last_end = self.last_end.max(o.last_end);
     }
 
     /// The report's object.
     pub fn finish(&self) -> AnalyzeSessions {
         let view = self.book.view(self.last_end, TOP_SESSIONS);
-        let mut audit = self.audit.clone();
-        audit.ttft_kept = self.ttft_kept.spread();
-        audit.ttft_lost = self.ttft_lost.spread();
+        let mut turns = SpreadAcc::default();
+        for w in self.turn_waits.values() {
+            turns.add(*w);
+        }
         AnalyzeSessions {
             sessions: view.seen,
             calls: self.book.rows().map(|r| r.calls).sum(),
@@ -230,8 +113,8 @@ impl SessionsAcc {
                 .sum(),
             top: view.top,
             other: view.other,
-            wait_per_turn: Spread::of(self.turn_waits.values().copied().collect()),
-            audit,
+            wait_per_turn: turns.spread(),
+            audit: view.audit,
         }
     }
 }
@@ -288,13 +171,12 @@ pub fn sections(s: &AnalyzeSessions) -> Vec<(String, Grid)> {
             num(x.max_ms, 0),
         ]
     };
-    let a = &s.audit;
-    let verdicts = a
-        .by_verdict
-        .iter()
-        .map(|(k, n)| format!("{k} {n}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let a = &s.audit.total;
+    let v = &a.by_verdict;
+    let verdicts = format!(
+        "kept {}, lost {}, first_call {}, not_an_extension {}, usage_unknown {}, cached_unknown {}",
+        v.kept, v.lost, v.first_call, v.not_an_extension, v.usage_unknown, v.cached_unknown
+    );
     let mut kept = vec!["TTFT of kept calls".to_string()];
     kept.extend(spread(&a.ttft_kept));
     let mut lost = vec!["TTFT of lost calls".to_string()];
@@ -330,28 +212,97 @@ pub fn sections(s: &AnalyzeSessions) -> Vec<(String, Grid)> {
         (
             format!(
                 "Wait per turn and the prefix-cache audit (calls: {verdicts}; expected {} cached tokens, reported {}, lost {})",
-                a.expected_tokens, a.cached_tokens, a.lost_tokens
+                a.expected_tokens,
+                unknown(a.cached_tokens),
+                unknown(a.lost_tokens)
             ),
             grid(
                 &["", "Count", "Mean ms", "p50 ms", "p90 ms", "p99 ms", "Max ms"],
                 &[turn, kept, lost],
             ),
         ),
+        (
+            "Prefix-cache audit by in-flight level (in_flight_at_start; cached and lost over the calls judged kept or lost)".to_string(),
+            audit_grid(
+                "In flight",
+                s.audit
+                    .by_level
+                    .iter()
+                    .map(|l| (l.in_flight.to_string(), &l.row))
+                    .collect(),
+            ),
+        ),
+        (
+            format!(
+                "Prefix-cache audit by user (the top {} by lost tokens)",
+                s.audit.by_user.len()
+            ),
+            audit_grid(
+                "User",
+                s.audit
+                    .by_user
+                    .iter()
+                    .map(|u| (u.user.clone(), &u.row))
+                    .chain(
+                        (s.audit.users_other.users > 0).then(|| {
+                            (
+                                format!("other ({} users)", s.audit.users_other.users),
+                                &s.audit.users_other.row,
+                            )
+                        }),
+                    )
+                    .collect(),
+            ),
+        ),
     ]
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// One audit row per group: verdicts, tokens, and the TTFT kept against lost.
+fn audit_grid(first: &str, rows: Vec<(String, &AuditRow)>) -> Grid {
+    let opt = unknown;
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|(name, r)| {
+            vec![
+                name,
+                r.by_verdict.kept.to_string(),
+                r.by_verdict.lost.to_string(),
+                r.by_verdict.cached_unknown.to_string(),
+                r.expected_tokens.to_string(),
+                opt(r.cached_tokens),
+                opt(r.lost_tokens),
+                num(r.lost_pct, 1),
+                format!(
+                    "{} / {}",
+                    num(r.ttft_kept.mean_ms, 0),
+                    num(r.ttft_kept.p50_ms, 0)
+                ),
+                format!(
+                    "{} / {}",
+                    num(r.ttft_lost.mean_ms, 0),
+                    num(r.ttft_lost.p50_ms, 0)
+                ),
+            ]
+        })
+        .collect();
+    grid(
+        &[
+            first,
+            "Kept",
+            "Lost",
+            "Cached unknown",
+            "Expected",
+            "Cached",
+            "Lost tokens",
+            "Lost %",
+            "TTFT kept mean / p50 ms",
+            "TTFT lost mean / p50 ms",
+        ],
+        &rows,
+    )
+}
 
-    #[test]
-    fn nearest_rank() {
-        let s = Spread::of((1..=100).map(f64::from).collect());
-        assert_eq!(
-            (s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms),
-            (Some(50.0), Some(90.0), Some(99.0), Some(100.0))
-        );
-        assert_eq!(Spread::of(vec![]).p50_ms, None);
-        assert_eq!(Spread::of(vec![7.0]).p99_ms, Some(7.0));
-    }
+/// A count, or `unknown` (never 0) when the server did not say.
+fn unknown(v: Option<u64>) -> String {
+    v.map_or("unknown".to_string(), |v| v.to_string())
 }

@@ -1,7 +1,6 @@
 //! [`Meter`]: the single-threaded accounting core. Time is always passed in.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
@@ -11,6 +10,7 @@ use crate::scrape::{ServerSample, ServerTrack};
 
 use super::capacity::{CapacityAccumulator, RequestLevel};
 use super::config::{MeterConfig, MAX_HORIZON_S};
+use super::id_hash::IdMap;
 use super::inflight::mean_level;
 use super::kv;
 use super::labels::{MAX_TRACKED_MODELS, OTHER, UNKNOWN_MODEL};
@@ -21,6 +21,7 @@ use super::scope_slots::{ScopeSlot, Scopes};
 use super::service_level::VerdictsByLevel;
 use super::sessions::{SessionBook, SessionCallFigures, MAX_TRACKED_SESSIONS};
 use super::timeline::{generation_interval, second_of};
+use super::ttft_queueing::FirstTokenTrack;
 
 #[derive(Debug, Clone)]
 struct OpenRequest {
@@ -40,6 +41,8 @@ struct OpenRequest {
     first_token_ns: Option<UnixNanos>,
     /// ITL gaps were observed as they passed (the record's are then not observed again).
     itl_live: bool,
+    /// Other requests were in flight at its arrival (its first token is judged for queueing).
+    behind_others: bool,
     guard: GuardKey,
 }
 
@@ -53,7 +56,7 @@ pub struct Meter {
     pub(super) users: Scopes,
     pub(super) users_folded: u64,
     pub(super) models: Scopes,
-    open: HashMap<u64, OpenRequest, BuildHasherDefault<IdHasher>>,
+    open: IdMap<OpenRequest>,
     pub(super) capacity: CapacityAccumulator,
     /// The production-traffic curve's attribution (aggregate scope).
     pub(super) levels: LevelAttribution,
@@ -71,30 +74,8 @@ pub struct Meter {
     pub(super) sessions: SessionBook,
     /// The live KV estimate's blocks per second, for its growth (while the block size is known).
     kv_history: kv::BlockHistory,
-}
-
-/// Hashes request ids with one multiplication. The ids are the proxy's own counters, chosen by
-/// nobody, and SipHash (built to resist chosen keys) cost about 300 instructions per streamed
-/// event here.
-#[derive(Debug, Default, Clone, Copy)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        // Fibonacci hashing: the low bits (the bucket) of consecutive ids all differ, the high
-        // bits (hashbrown's tags) are mixed.
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
+    /// Gaps and first tokens per second: saturation without a scrape.
+    pub(super) first_tokens: FirstTokenTrack,
 }
 
 /// The numeric id in a proxy request id of the form `tm-<prefix hex>-<id hex>`: for records read
@@ -114,6 +95,7 @@ impl Meter {
         config.max_tracked_users = config.max_tracked_users.max(1);
         let origin_sec = second_of(origin);
         let levels = LevelAttribution::new(config.guard(), origin);
+        let user_cap = config.max_tracked_users;
         Meter {
             prom: PromState::new(config.metrics_user_label, config.max_tracked_users),
             config,
@@ -130,8 +112,9 @@ impl Meter {
             last_tick_sec: origin_sec,
             server: None,
             last_kv: None,
-            sessions: SessionBook::new(MAX_TRACKED_SESSIONS),
+            sessions: SessionBook::new(MAX_TRACKED_SESSIONS, user_cap),
             kv_history: kv::BlockHistory::default(),
+            first_tokens: FirstTokenTrack::default(),
         }
     }
 
@@ -198,6 +181,8 @@ impl Meter {
             self.finalized_to = limit;
         }
         self.aggregate.evict_before(floor);
+        self.first_tokens.settle(now_sec);
+        self.first_tokens.evict_before(floor);
         // A segment is final once every open request's remaining tokens would be spread after it.
         let decode_from = self
             .open
@@ -210,6 +195,9 @@ impl Meter {
         if let Some(t) = &mut self.server {
             t.evict_before(floor.saturating_mul(NANOS_PER_SEC));
         }
+        let prom = &mut self.prom;
+        self.sessions
+            .close_idle(now, |wait_ms| prom.turn_closed(wait_ms));
         let expiry = self.config.user_idle_expiry_s.saturating_mul(NANOS_PER_SEC);
         self.users
             .retain(|s| s.in_flight.level() > 0 || now.saturating_sub(s.last_event_ns) <= expiry);
@@ -281,6 +269,7 @@ impl Meter {
         let user = self.user_key(now, user);
         let model = self.model_key(now, model);
         self.aggregate.start(now, floor);
+        let behind_others = self.aggregate.in_flight.level() > 1;
         for s in [self.users.get_mut(user), self.models.get_mut(model)]
             .into_iter()
             .flatten()
@@ -303,6 +292,7 @@ impl Meter {
                 last_token_ns: None,
                 first_token_ns: None,
                 itl_live: false,
+                behind_others,
                 guard,
             },
         );
@@ -324,6 +314,7 @@ impl Meter {
         if gaps.count > 0 {
             o.itl_live = true;
             self.prom.gaps(o.prom_slot, gaps);
+            self.first_tokens.gaps(now, gaps);
             self.aggregate.gaps(now, gaps, floor);
             for s in [self.users.get_mut(o.user), self.models.get_mut(o.model)]
                 .into_iter()
@@ -341,6 +332,8 @@ impl Meter {
         if o.first_token_ns.is_none() {
             o.first_token_ns = Some(now);
             self.levels.first_token(now, o.guard);
+            self.first_tokens
+                .first_token(o.start_ns, now, o.behind_others);
             // TTFT is observed now, as vLLM does, not when the stream ends.
             let ttft = std::time::Duration::from_nanos(now.saturating_sub(o.start_ns));
             self.prom.first_token(o.prom_slot, ttft.as_secs_f64());
@@ -395,7 +388,9 @@ impl Meter {
             return;
         }
         if let Some(f) = SessionCallFigures::of(record) {
-            self.sessions.add(&f);
+            if let Some(wait_ms) = self.sessions.add(&f) {
+                self.prom.turn_closed(wait_ms);
+            }
         }
         let floor = self.floor(second_of(now));
         let (user, model, attributed, started) = match &open {

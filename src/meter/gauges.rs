@@ -17,7 +17,7 @@ pub struct Gauge {
 }
 
 /// The meter's gauges, in the order they are written (after its counters and histograms).
-pub const GAUGES: [Gauge; 10] = [
+pub const GAUGES: [Gauge; 12] = [
     Gauge {
         metric: Metric::gauge(
             "tokenmeter_requests_in_flight",
@@ -83,8 +83,26 @@ pub const GAUGES: [Gauge; 10] = [
     },
     Gauge {
         metric: Metric::gauge(
+            "tokenmeter_kv_growth_blocks_per_second",
+            "Net growth of the live KV estimate over the shortest window: (blocks now - blocks at its start) / its seconds.",
+            Unit::Count("{block}/s"),
+            &[],
+        ),
+        read: |m, _| Some(m.kv_view(None).headroom.growth_blocks_per_s?.into()),
+    },
+    Gauge {
+        metric: Metric::gauge(
+            "tokenmeter_kv_time_to_full_seconds",
+            "Seconds until the KV cache's free blocks are used at the estimate's growth (absent while it is not filling).",
+            Unit::Seconds,
+            &[],
+        ),
+        read: |m, _| Some(m.kv_view(None).headroom.seconds_to_full?.into()),
+    },
+    Gauge {
+        metric: Metric::gauge(
             "tokenmeter_saturation_state",
-            "vLLM's state over the shortest window: 0 ok, 1 queueing (requests waiting in a sustained share of scrapes), 2 preempting.",
+            "vLLM's state over the shortest window: 0 ok, 1 queueing (requests waiting in half its scrapes, or without a scrape half its first tokens queued), 2 preempting.",
             Unit::Count("{state}"),
             &[],
         ),

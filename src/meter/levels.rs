@@ -40,9 +40,11 @@
 //! segment kept, so tokens are never lost).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
+
+use super::id_hash::{IdMap, IdSet};
 
 pub use super::level_batches::LevelSums;
 pub use super::production_rows::{
@@ -99,12 +101,12 @@ pub struct LevelAttribution {
     /// Segments not yet final, oldest first; the last one is open (its `end` is the latest time seen).
     history: VecDeque<Segment>,
     /// Guards opened by arrivals and not yet closed.
-    open_guards: HashSet<u64>,
+    open_guards: IdSet,
     /// Arrival times of requests whose first token has not passed (their guard may be closed).
-    arrivals: HashMap<u64, UnixNanos>,
+    arrivals: IdMap<UnixNanos>,
     /// Requests of `arrivals` whose guard the cap closed, with the time it closed: their first
     /// token, if it comes, makes the time since then guarded.
-    capped: HashMap<u64, UnixNanos>,
+    capped: IdMap<UnixNanos>,
     /// The last first-token delays, ns.
     recent_ttft: VecDeque<u64>,
     /// Deadlines: (when, key); key 0 is an anonymous extra guard.
@@ -133,9 +135,9 @@ impl LevelAttribution {
             cfg,
             level: 0,
             history,
-            open_guards: HashSet::new(),
-            arrivals: HashMap::new(),
-            capped: HashMap::new(),
+            open_guards: IdSet::default(),
+            arrivals: IdMap::default(),
+            capped: IdMap::default(),
             recent_ttft: VecDeque::new(),
             deadlines: BinaryHeap::new(),
             extra_guards: 0,

@@ -236,7 +236,13 @@ pub struct PromState {
     keys: Vec<(Arc<str>, Option<Arc<str>>)>,
     counters: Vec<Counters>,
     finished: HashMap<FinishedKey, Finished>,
-    hists: HashMap<Arc<str>, Hists>,
+    /// The latency histograms per model, in order of their first observation.
+    hists: Vec<(Arc<str>, Hists)>,
+    /// A model's place in `hists`.
+    hist_index: HashMap<Arc<str>, usize>,
+    /// A counters slot's place in `hists`, once it observed one: the per-event observations
+    /// (first token, ITL gaps) index it instead of hashing the model's name.
+    slot_hists: Vec<Option<usize>>,
     sessions: super::session_metrics::SessionSeries,
 }
 
@@ -256,6 +262,11 @@ fn bounded(set: &mut HashSet<Arc<str>>, name: &str, cap: usize) -> Arc<str> {
 }
 
 impl PromState {
+    /// Observes an agent turn's wait once the turn closed (`meter::sessions`), ms.
+    pub fn turn_closed(&mut self, wait_ms: f64) {
+        self.sessions.turn_closed(wait_ms);
+    }
+
     /// Empty state; `user_label` adds a `user` label to counters, at most `max_users` names.
     pub fn new(user_label: bool, max_users: usize) -> Self {
         PromState {
@@ -267,7 +278,9 @@ impl PromState {
             keys: Vec::new(),
             counters: Vec::new(),
             finished: HashMap::new(),
-            hists: HashMap::new(),
+            hists: Vec::new(),
+            hist_index: HashMap::new(),
+            slot_hists: Vec::new(),
             sessions: Default::default(),
         }
     }
@@ -289,6 +302,7 @@ impl PromState {
         }
         let s = self.counters.len();
         self.counters.push(Counters::default());
+        self.slot_hists.push(None);
         self.keys.push(key.clone());
         self.slots.insert(key, s);
         s
@@ -311,12 +325,28 @@ impl PromState {
 
     /// The histograms of `slot`'s model (created with its first observation).
     fn hists_of(&mut self, slot: Slot) -> Option<&mut Hists> {
-        let (model, _) = self.keys.get(slot)?;
-        if !self.hists.contains_key(model) {
-            let h = Hists(HISTOGRAMS.map(|m| FixedHist::new(m.buckets)));
-            self.hists.insert(model.clone(), h);
+        let i = match *self.slot_hists.get(slot)? {
+            Some(i) => i,
+            None => {
+                let model = self.keys.get(slot)?.0.clone();
+                let i = self.hists_index(model);
+                self.slot_hists[slot] = Some(i);
+                i
+            }
+        };
+        self.hists.get_mut(i).map(|(_, h)| h)
+    }
+
+    /// The place of `model`'s histograms in `hists` (created with its first observation).
+    fn hists_index(&mut self, model: Arc<str>) -> usize {
+        if let Some(i) = self.hist_index.get(&model) {
+            return *i;
         }
-        self.hists.get_mut(model)
+        let i = self.hists.len();
+        let h = Hists(HISTOGRAMS.map(|m| FixedHist::new(m.buckets)));
+        self.hists.push((model.clone(), h));
+        self.hist_index.insert(model, i);
+        i
     }
 
     /// An open request of `slot` passed its first token `ttft_s` seconds after it started: its
@@ -372,10 +402,8 @@ impl PromState {
             f.outcomes[i][status_class(r.status)] += 1;
         }
         f.completion += completion;
-        let h = self
-            .hists
-            .entry(model)
-            .or_insert_with(|| Hists(HISTOGRAMS.map(|m| FixedHist::new(m.buckets))));
+        let i = self.hists_index(model);
+        let h = &mut self.hists[i].1;
         if let Some(itl) = r.itl.as_ref().filter(|_| !itl_live) {
             // The request's own counts per vLLM bucket: exact, no re-binning.
             let h = &mut h.0[ITL];
@@ -449,13 +477,13 @@ impl PromState {
             let labels = [Some(&**model), Some(api.as_str()), user.as_deref()];
             w.sample(m, labels, self.finished[*k].completion);
         }
-        let mut models: Vec<_> = self.hists.keys().collect();
-        models.sort();
+        let mut models: Vec<&(Arc<str>, Hists)> = self.hists.iter().collect();
+        models.sort_by(|a, b| a.0.cmp(&b.0));
         for (i, m) in HISTOGRAMS.iter().enumerate() {
             w.header(m);
-            for model in &models {
-                let h = &self.hists[*model].0[i];
-                w.histogram(m, [&***model], &h.counts, h.count, h.sum);
+            for (model, hists) in &models {
+                let h = &hists.0[i];
+                w.histogram(m, [&**model], &h.counts, h.count, h.sum);
             }
         }
         self.sessions.render(&mut w);

@@ -26,6 +26,9 @@ pub struct Timeline {
     /// Whether the level held at one value N > 0 for the whole second (a steady second, the
     /// kind the capacity curve files under N).
     pub steady: Vec<bool>,
+    /// The saturation state over the shortest window ending with each second: 0 ok, 1
+    /// queueing, 2 preempting, `null` unknown (`windows.*.saturation`, `docs/kv-cache.md`).
+    pub saturation: Vec<Option<u8>>,
 }
 
 impl Meter {
@@ -46,6 +49,7 @@ impl Meter {
             in_flight_min: vec![0; n],
             in_flight_max: vec![0; n],
             steady: vec![false; n],
+            saturation: vec![None; n],
         };
         for (sec, b) in self.aggregate.ring.range(from, now_sec) {
             let i = (sec - from) as usize;
@@ -55,6 +59,14 @@ impl Meter {
             t.in_flight_min[i] = min;
             t.in_flight_max[i] = max;
             t.steady[i] = b.steady_level().is_some();
+        }
+        if let Some(len) = self.config.windows_s.iter().min().copied() {
+            for (i, sec) in (from..now_sec).enumerate() {
+                t.saturation[i] = self
+                    .saturation_window(sec + 1, len)
+                    .state
+                    .map(super::saturation::SaturationState::level);
+            }
         }
         t
     }

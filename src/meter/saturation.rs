@@ -6,6 +6,7 @@
 
 use serde::Serialize;
 
+use super::ttft_queueing::FirstTokenWindow;
 use crate::scrape::crosscheck::increase;
 use crate::scrape::ServerSample;
 
@@ -51,6 +52,13 @@ pub struct SaturationWindow {
     pub preemptions: Option<f64>,
     /// Why `state` is `null`, when it is.
     pub reason: Option<&'static str>,
+    /// What `state` was read from: `"scrape"` (vLLM's gauges, when a scrape carrying
+    /// `num_requests_waiting` fell in the window) or `"first_token"` (the proxy's own first-token
+    /// events, without one); `null` when neither could name it.
+    pub source: Option<&'static str>,
+    /// The first-token figures of the window (always computed by the live meter, the state's
+    /// source only without a scrape); `null` in `analyze`, which reads scrapes only.
+    pub first_token: Option<FirstTokenWindow>,
 }
 
 /// The state of a window from its scrapes (oldest first) and the last scrape before it
@@ -87,30 +95,65 @@ pub fn saturation<'a>(
         ),
     };
     SaturationWindow {
+        source: state.map(|_| "scrape"),
         state,
         samples: n,
         waiting_share,
         waiting_max,
         preemptions,
         reason,
+        first_token: None,
     }
+}
+
+/// `w` (from the window's scrapes) with the window's first-token figures: when the scrapes did
+/// not name the state, the first tokens do (`queueing` or `ok`; they cannot see a preemption).
+pub fn with_first_token(mut w: SaturationWindow, ft: FirstTokenWindow) -> SaturationWindow {
+    w.first_token = Some(ft);
+    if w.state.is_none() {
+        match ft.queueing() {
+            Some(q) => {
+                w.state = Some(if q {
+                    SaturationState::Queueing
+                } else {
+                    SaturationState::Ok
+                });
+                w.source = Some("first_token");
+                w.reason = None;
+            }
+            None => {
+                w.reason = Some(
+                    "no scrape of vllm:num_requests_waiting inside the window, and fewer than 3 first tokens judged against the other streams' gaps",
+                );
+            }
+        }
+    }
+    w
 }
 
 impl super::engine::Meter {
     /// The state over the shortest configured window ending at the current complete second;
-    /// `None` while unknown (no cross-check, or no scrape in the window).
+    /// `None` while unknown (no scrape in the window and too few first tokens judged).
     pub fn saturation_now(&mut self, now: crate::clock::UnixNanos) -> Option<SaturationState> {
-        use crate::clock::NANOS_PER_SEC;
         self.tick(now);
         let len = *self.config.windows_s.iter().min()?;
-        let to = super::timeline::second_of(now) * NANOS_PER_SEC;
+        self.saturation_window(super::timeline::second_of(now), len)
+            .state
+    }
+
+    /// The `saturation` object of the aggregate window of `len` seconds ending at second
+    /// `to_sec` (the meter ticked to it).
+    pub(super) fn saturation_window(&self, to_sec: u64, len: u64) -> SaturationWindow {
+        use crate::clock::NANOS_PER_SEC;
+        let to = to_sec * NANOS_PER_SEC;
         let from = to.saturating_sub(len * NANOS_PER_SEC);
-        let track = self.server.as_ref()?;
-        let before = track.samples().take_while(|s| s.ts_ns < from).last();
-        saturation(
-            before,
-            track.samples().filter(|s| (from..to).contains(&s.ts_ns)),
-        )
-        .state
+        let w = match self.server.as_ref() {
+            Some(track) => {
+                let (before, inside) = track.around(from, to);
+                saturation(before, inside)
+            }
+            None => saturation(None, std::iter::empty()),
+        };
+        with_first_token(w, self.first_tokens.window_ending(to_sec, len))
     }
 }

@@ -1,7 +1,7 @@
 //! The agent sessions' Prometheus series (docs/sessions.md): bounded, with no session label (a
 //! session's figures are in its log lines): calls by the prefix audit's verdict, the prompt
-//! tokens the prefix cache could have served and those prefilled again, and the time agents
-//! spent between calls.
+//! tokens the prefix cache could have served and those prefilled again, the time agents
+//! spent between calls, and the wait per turn.
 
 use crate::exposition::{Metric, Text, Unit, REQUEST_BUCKETS};
 use crate::record::{RequestRecord, PREFIX_AUDIT_VERDICTS};
@@ -43,15 +43,67 @@ pub const AGENT_CALL_GAP_SECONDS: Metric = Metric::histogram(
     REQUEST_BUCKETS,
 );
 
-/// The sessions' counters and histogram.
+/// The wait of a closed turn.
+pub const AGENT_TURN_WAIT_SECONDS: Metric = Metric::histogram(
+    "tokenmeter_agent_turn_wait_seconds",
+    "Time a turn of an agent session waited on the model: the sum of its calls' e2e, seconds; \
+     observed when the turn closes (its session's next turn begins, its session is idle for \
+     the active window, or leaves the live table).",
+    Unit::Seconds,
+    &[],
+    REQUEST_BUCKETS,
+);
+
+/// A histogram over [`REQUEST_BUCKETS`], its buckets allocated with its first value.
+#[derive(Debug, Clone, Default)]
+struct SecondsHist {
+    counts: Vec<u64>,
+    count: u64,
+    sum: f64,
+}
+
+impl SecondsHist {
+    fn observe_ms(&mut self, ms: f64) {
+        if !(ms.is_finite() && ms >= 0.0) {
+            return;
+        }
+        let s = ms / 1e3;
+        if self.counts.is_empty() {
+            self.counts = vec![0; REQUEST_BUCKETS.len()];
+        }
+        if let Some(i) = REQUEST_BUCKETS.iter().position(|b| s <= *b) {
+            self.counts[i] += 1;
+        }
+        self.count += 1;
+        self.sum += s;
+    }
+
+    fn render(&self, w: &mut Text<'_>, m: &Metric) {
+        w.header(m);
+        let empty = vec![0; REQUEST_BUCKETS.len()];
+        let counts = if self.counts.is_empty() {
+            &empty
+        } else {
+            &self.counts
+        };
+        w.histogram(
+            m,
+            crate::exposition::NO_LABELS,
+            counts,
+            self.count,
+            self.sum,
+        );
+    }
+}
+
+/// The sessions' counters and histograms.
 #[derive(Debug, Clone, Default)]
 pub struct SessionSeries {
     verdicts: [u64; PREFIX_AUDIT_VERDICTS.len()],
     expected: u64,
     lost: u64,
-    gap_counts: Vec<u64>,
-    gap_count: u64,
-    gap_sum: f64,
+    gaps: SecondsHist,
+    turn_waits: SecondsHist,
 }
 
 impl SessionSeries {
@@ -65,17 +117,14 @@ impl SessionSeries {
         }
         self.expected += r.prefix_expected_tokens.unwrap_or(0);
         self.lost += r.prefix_lost_tokens.unwrap_or(0);
-        if let Some(ms) = r.session_gap_ms.filter(|ms| ms.is_finite() && *ms >= 0.0) {
-            let s = ms / 1e3;
-            if self.gap_counts.is_empty() {
-                self.gap_counts = vec![0; REQUEST_BUCKETS.len()];
-            }
-            if let Some(i) = REQUEST_BUCKETS.iter().position(|b| s <= *b) {
-                self.gap_counts[i] += 1;
-            }
-            self.gap_count += 1;
-            self.gap_sum += s;
+        if let Some(ms) = r.session_gap_ms {
+            self.gaps.observe_ms(ms);
         }
+    }
+
+    /// Observes a closed turn's wait, ms.
+    pub fn turn_closed(&mut self, wait_ms: f64) {
+        self.turn_waits.observe_ms(wait_ms);
     }
 
     /// Appends the series.
@@ -95,20 +144,7 @@ impl SessionSeries {
             w.header(m);
             w.sample(m, crate::exposition::NO_LABELS, v);
         }
-        let m = &AGENT_CALL_GAP_SECONDS;
-        w.header(m);
-        let empty = vec![0; REQUEST_BUCKETS.len()];
-        let counts = if self.gap_counts.is_empty() {
-            &empty
-        } else {
-            &self.gap_counts
-        };
-        w.histogram(
-            m,
-            crate::exposition::NO_LABELS,
-            counts,
-            self.gap_count,
-            self.gap_sum,
-        );
+        self.gaps.render(w, &AGENT_CALL_GAP_SECONDS);
+        self.turn_waits.render(w, &AGENT_TURN_WAIT_SECONDS);
     }
 }

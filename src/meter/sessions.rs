@@ -13,6 +13,9 @@ use serde::Serialize;
 use crate::clock::{UnixNanos, NANOS_PER_SEC};
 use crate::record::{RequestRecord, SessionSource};
 
+use super::prefix_audit::{AuditBook, AuditCall, AuditView};
+use super::spread::{Spread, SpreadAcc};
+
 /// Sessions the live meter keeps figures for; a new one beyond folds the least recently seen
 /// into `other`.
 pub const MAX_TRACKED_SESSIONS: usize = 1024;
@@ -51,6 +54,12 @@ pub struct SessionCallFigures<'a> {
     pub prefix_expected_tokens: Option<u64>,
     /// The audit's lost tokens.
     pub prefix_lost_tokens: Option<u64>,
+    /// The audit's verdict (`prefix_audit`).
+    pub prefix_audit: Option<&'a str>,
+    /// `in_flight_at_start`.
+    pub in_flight_at_start: u32,
+    /// TTFT, ms.
+    pub ttft_ms: Option<f64>,
 }
 
 impl<'a> SessionCallFigures<'a> {
@@ -69,7 +78,30 @@ impl<'a> SessionCallFigures<'a> {
             cached_tokens: r.cached_prompt_tokens,
             prefix_expected_tokens: r.prefix_expected_tokens,
             prefix_lost_tokens: r.prefix_lost_tokens,
+            prefix_audit: r.prefix_audit.as_deref(),
+            in_flight_at_start: r.in_flight_at_start,
+            ttft_ms: r.ttft_ms,
         })
+    }
+
+    /// The call's part of its turn's wait (docs/sessions.md, "Wait per turn"): its turn and its
+    /// `e2e_ms`, when both are known. A turn's wait is the sum over its calls.
+    pub fn turn_wait(&self) -> Option<(u32, f64)> {
+        self.turn
+            .zip(self.e2e_ms.filter(|v| v.is_finite() && *v >= 0.0))
+    }
+
+    /// What the audit reads of the call.
+    fn audit(&self) -> AuditCall<'a> {
+        AuditCall {
+            user: self.user,
+            level: self.in_flight_at_start,
+            verdict: self.prefix_audit,
+            expected: self.prefix_expected_tokens,
+            cached: self.cached_tokens,
+            lost: self.prefix_lost_tokens,
+            ttft_ms: self.ttft_ms,
+        }
     }
 }
 
@@ -123,6 +155,9 @@ pub struct SessionRow {
     last_prompt_ns: UnixNanos,
     #[serde(skip)]
     last_end_ns: UnixNanos,
+    /// The turn of its last call (with a wait), still open, and its wait so far.
+    #[serde(skip)]
+    open_turn: Option<(u32, f64)>,
 }
 
 impl SessionRow {
@@ -164,6 +199,19 @@ impl SessionRow {
             prefix_lost_tokens: f.prefix_lost_tokens.unwrap_or(0),
             last_end_ns: f.end_ns,
             ..SessionRow::default()
+        }
+    }
+
+    /// Adds a call's wait to its turn: a call of another turn than the open one closes it,
+    /// returning its wait.
+    fn turn_step(&mut self, call: Option<(u32, f64)>) -> Option<f64> {
+        let (turn, wait) = call?;
+        match &mut self.open_turn {
+            Some((t, w)) if *t == turn => {
+                *w += wait;
+                None
+            }
+            open => open.replace((turn, wait)).map(|(_, w)| w),
         }
     }
 
@@ -300,6 +348,11 @@ pub struct SessionsView {
     pub top: Vec<SessionRow>,
     /// Every other session seen: tracked beyond the top, and folded.
     pub other: SessionsOther,
+    /// The wait per turn: Σ `e2e_ms` of each (session, turn)'s calls, over every turn seen
+    /// (closed, and each tracked session's open one).
+    pub wait_per_turn: Spread,
+    /// The prefix-cache audit in total, per user and per in-flight level.
+    pub audit: AuditView,
 }
 
 /// The sessions seen and their figures.
@@ -310,26 +363,39 @@ pub struct SessionBook {
     seen: u64,
     folded: u64,
     folded_sum: SessionsOther,
+    /// The waits of the turns closed (by a later turn of their session, idleness, folding).
+    closed_turns: SpreadAcc,
+    audit: AuditBook,
 }
 
 impl SessionBook {
-    /// A book keeping at most `cap` sessions' own figures.
-    pub fn new(cap: usize) -> Self {
+    /// A book keeping at most `cap` sessions' own figures and, in its audit, at most
+    /// `user_cap` users by name.
+    pub fn new(cap: usize, user_cap: usize) -> Self {
         SessionBook {
             rows: HashMap::new(),
             cap: cap.max(1),
             seen: 0,
             folded: 0,
             folded_sum: SessionsOther::default(),
+            closed_turns: SpreadAcc::default(),
+            audit: AuditBook::new(user_cap),
         }
     }
 
-    /// Adds a finished call.
-    pub fn add(&mut self, f: &SessionCallFigures<'_>) {
+    /// Adds a finished call; returns the wait of the turn it closed (its session's previous
+    /// turn, or the open turn of the session it folded out of the table), ms.
+    pub fn add(&mut self, f: &SessionCallFigures<'_>) -> Option<f64> {
+        self.audit.add(&f.audit());
         if let Some(row) = self.rows.get_mut(f.session) {
             row.add(f);
-            return;
+            let closed = row.turn_step(f.turn_wait());
+            if let Some(w) = closed {
+                self.closed_turns.add(w);
+            }
+            return closed;
         }
+        let mut closed = None;
         if self.rows.len() >= self.cap {
             // A scan only when a new session finds the table full.
             let oldest = self
@@ -340,12 +406,32 @@ impl SessionBook {
             if let Some(row) = oldest.and_then(|k| self.rows.remove(&k)) {
                 self.folded += 1;
                 self.folded_sum.absorb(&row);
+                closed = row.open_turn.map(|(_, w)| w);
+                if let Some(w) = closed {
+                    self.closed_turns.add(w);
+                }
             }
         }
         self.seen += 1;
         let mut row = SessionRow::new(f);
         row.add(f);
+        row.turn_step(f.turn_wait());
         self.rows.insert(row.session.clone(), row);
+        closed
+    }
+
+    /// Closes the open turn of every session whose last call ended more than
+    /// [`ACTIVE_WINDOW_S`] before `now`, handing each closed turn's wait (ms) to `closed`.
+    pub fn close_idle(&mut self, now: UnixNanos, mut closed: impl FnMut(f64)) {
+        let before = now.saturating_sub(ACTIVE_WINDOW_S * NANOS_PER_SEC);
+        for r in self.rows.values_mut() {
+            if r.last_end_ns < before {
+                if let Some((_, w)) = r.open_turn.take() {
+                    self.closed_turns.add(w);
+                    closed(w);
+                }
+            }
+        }
     }
 
     /// Every session with figures of its own.
@@ -386,13 +472,24 @@ impl SessionBook {
                 })
                 .collect(),
             other,
+            wait_per_turn: {
+                let mut turns = self.closed_turns.clone();
+                for (_, w) in self.rows.values().filter_map(|r| r.open_turn) {
+                    turns.add(w);
+                }
+                turns.spread()
+            },
+            audit: self.audit.view(),
         }
     }
 
     /// Adds another book's sessions (`analyze`'s per-file passes); a session in both is summed.
+    /// Turns are not merged (a turn split across the books would count twice): `analyze` sums
+    /// each (session, turn)'s wait itself.
     pub fn merge(&mut self, o: SessionBook) {
         self.folded += o.folded;
         self.folded_sum.merge(&o.folded_sum);
+        self.audit.merge(&o.audit);
         for (k, row) in o.rows {
             match self.rows.get_mut(&k) {
                 Some(mine) => mine.merge(&row),
@@ -429,17 +526,29 @@ mod tests {
             cached_tokens: (prompt > 100).then_some(96),
             prefix_expected_tokens: (prompt > 100).then_some(112),
             prefix_lost_tokens: (prompt > 100).then_some(16),
+            prefix_audit: Some(if prompt > 100 { "lost" } else { "first_call" }),
+            in_flight_at_start: 1,
+            ttft_ms: Some(e2e / 2.0),
         }
     }
 
     #[test]
     fn a_session_summed_and_the_book_bounded() {
-        let mut b = SessionBook::new(2);
-        b.add(&call("a", 1, 10, 100.0, 100));
-        b.add(&call("a", 1, 11, 300.0, 150));
-        b.add(&call("a", 2, 12, 200.0, 200));
-        b.add(&call("b", 1, 400, 50.0, 80));
+        let mut b = SessionBook::new(2, 10);
+        assert_eq!(b.add(&call("a", 1, 10, 100.0, 100)), None);
+        assert_eq!(b.add(&call("a", 1, 11, 300.0, 150)), None);
+        // Turn 2 closes turn 1: 100 + 300 ms.
+        assert_eq!(b.add(&call("a", 2, 12, 200.0, 200)), Some(400.0));
+        assert_eq!(b.add(&call("b", 1, 400, 50.0, 80)), None);
         let v = b.view(400 * NANOS_PER_SEC, 1);
+        // Turns: a/1 closed (400), a/2 and b/1 open (200, 50).
+        let w = &v.wait_per_turn;
+        assert_eq!((w.count, w.max_ms), (3, Some(400.0)));
+        assert!((w.mean_ms.unwrap() - 650.0 / 3.0).abs() < 1e-9);
+        assert_eq!(
+            (v.audit.total.by_verdict.lost, v.audit.total.lost_tokens),
+            (2, Some(32))
+        );
         let a = &v.top[0];
         assert_eq!((a.calls, a.turns, a.wait_ms), (3, Some(2), 600.0));
         assert_eq!((a.between_ms, a.slowest_wait_ms), (100.0, Some(300.0)));
@@ -453,8 +562,13 @@ mod tests {
             (v.active, v.seen, v.other.sessions, v.other.calls),
             (1, 2, 1, 1)
         );
-        // A third session folds the least recently seen ("a") into other.
-        b.add(&call("c", 1, 401, 10.0, 80));
+        // A third session folds the least recently seen ("a") into other, closing its turn 2.
+        assert_eq!(b.add(&call("c", 1, 401, 10.0, 80)), Some(200.0));
+        // "b" idle past the active window: its turn closes, once.
+        let mut idle = Vec::new();
+        b.close_idle((401 + ACTIVE_WINDOW_S) * NANOS_PER_SEC, |w| idle.push(w));
+        b.close_idle((402 + ACTIVE_WINDOW_S) * NANOS_PER_SEC, |w| idle.push(w));
+        assert_eq!(idle, [50.0, 10.0]);
         let v = b.view(401 * NANOS_PER_SEC, 5);
         assert_eq!((v.tracked, v.folded, v.seen), (2, 1, 3));
         assert_eq!(

@@ -6,7 +6,6 @@ use crate::clock::{UnixNanos, NANOS_PER_SEC};
 
 use super::engine::Meter;
 use super::levels::production_rows;
-use super::saturation::saturation;
 use super::scope::Scope;
 use super::service_level::{service_level_view, ServiceCapacity};
 use super::snapshot::{
@@ -67,17 +66,13 @@ impl Meter {
             }
         };
         let mut agg = view(&mut self.aggregate);
-        if let Some(track) = &self.server {
-            for (_, w) in agg.windows.0.iter_mut() {
+        for (_, w) in agg.windows.0.iter_mut() {
+            if let Some(track) = &self.server {
                 let from = now_sec.saturating_sub(w.seconds) * NANOS_PER_SEC;
                 let to = now_sec * NANOS_PER_SEC;
                 w.server = Some(track.window(from, to, &self.aggregate.ring));
-                let before = track.samples().take_while(|s| s.ts_ns < from).last();
-                w.saturation = Some(saturation(
-                    before,
-                    track.samples().filter(|s| (from..to).contains(&s.ts_ns)),
-                ));
             }
+            w.saturation = Some(self.saturation_window(now_sec, w.seconds));
         }
         let users: BTreeMap<String, ScopeView> = self
             .users

@@ -5,7 +5,8 @@
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
-/// The page, assembled at compile time from `ui/dashboard.{html,css,js}`.
+/// The page, assembled at compile time from `ui/` (`head.html`, `dashboard.css`, `body.html`,
+/// `dashboard.js`, `kv.js`).
 pub const PAGE: &str = concat!(
     include_str!("ui/head.html"),
     "<style>\n",
@@ -14,6 +15,7 @@ pub const PAGE: &str = concat!(
     include_str!("ui/body.html"),
     "<script>\n",
     include_str!("ui/dashboard.js"),
+    include_str!("ui/kv.js"),
     "</script>\n</body>\n</html>\n"
 );
 

@@ -77,8 +77,9 @@ pub struct WindowStats {
     pub server: Option<crate::scrape::ServerWindow>,
     /// Contexts (prompt + completion tokens) of requests that finished in the window.
     pub context_tokens: super::kv::ContextView,
-    /// Whether vLLM queued or preempted in the window (aggregate windows, when the cross-check
-    /// is on; `null` otherwise). See [`super::saturation::SaturationWindow`].
+    /// Whether vLLM queued or preempted in the window, from its scrapes or, without one, the
+    /// proxy's first tokens (aggregate windows; `null` in users and models). See
+    /// [`super::saturation::SaturationWindow`].
     pub saturation: Option<super::saturation::SaturationWindow>,
 }
 

@@ -186,6 +186,19 @@ impl ServerTrack {
         self.samples.iter()
     }
 
+    /// The last sample before `from` and the samples in `[from, to)`, found by bisection (the
+    /// samples are kept in time order).
+    pub fn around(
+        &self,
+        from: UnixNanos,
+        to: UnixNanos,
+    ) -> (Option<&ServerSample>, impl Iterator<Item = &ServerSample>) {
+        let i = self.samples.partition_point(|s| s.ts_ns < from);
+        let j = self.samples.partition_point(|s| s.ts_ns < to).max(i);
+        let before = i.checked_sub(1).and_then(|k| self.samples.get(k));
+        (before, self.samples.range(i..j))
+    }
+
     /// As [`ServerTrack::window`], the proxy's tokens over `[t_first, t_last]` given by `proxy`.
     pub fn window_with(
         &self,

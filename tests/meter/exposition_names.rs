@@ -82,6 +82,9 @@ const PROXY: &str = "
     tokenmeter_agent_call_gap_seconds_count histogram -
     tokenmeter_agent_call_gap_seconds_sum histogram -
     tokenmeter_agent_calls_total counter prefix_audit
+    tokenmeter_agent_turn_wait_seconds_bucket histogram le
+    tokenmeter_agent_turn_wait_seconds_count histogram -
+    tokenmeter_agent_turn_wait_seconds_sum histogram -
     tokenmeter_build_info gauge version
     tokenmeter_completion_tokens_total counter model,api,user
     tokenmeter_e2e_request_latency_seconds_bucket histogram model,le
@@ -129,10 +132,12 @@ const PROXY: &str = "
 const KV: &str = "
     tokenmeter_kv_blocks_estimate gauge -
     tokenmeter_kv_blocks_server gauge -
+    tokenmeter_kv_growth_blocks_per_second gauge -
     tokenmeter_kv_headroom_sequences gauge -
     tokenmeter_kv_sequences_fit_p50_context gauge -
     tokenmeter_kv_sequences_fit_p90_context gauge -
     tokenmeter_kv_sequences_fit_p99_context gauge -
+    tokenmeter_kv_time_to_full_seconds gauge -
     tokenmeter_saturation_state gauge -
 ";
 
@@ -280,13 +285,19 @@ fn kv_and_saturation_gauges_are_pinned() {
     let mut r = crate::meter_support::record(t0, 500.0, Some(100.0), Some(10), Some(90), true);
     r.request_id = "tm-0-1".into();
     m.request_finished(t0 + s / 2, &r);
-    m.server_sample(ServerSample {
-        ts_ns: t0 + s,
-        values,
-        proxy_in_flight: None,
-        scrape_ms: 1.0,
-    });
-    let found: BTreeSet<String> = catalog(&m.prometheus(t0 + 2 * s))
+    for at in [t0 + s, t0 + 13 * s] {
+        m.server_sample(ServerSample {
+            ts_ns: at,
+            values: values.clone(),
+            proxy_in_flight: None,
+            scrape_ms: 1.0,
+        });
+    }
+    // A request that grows by a block: the estimate's growth and time to full are exposed.
+    m.request_started(t0 + 2 * s, 2, "u", Some("m"));
+    m.prompt_tokens(2, 1024);
+    m.tokens(t0 + 12 * s, 2, 1);
+    let found: BTreeSet<String> = catalog(&m.prometheus(t0 + 14 * s))
         .into_iter()
         .filter(|l| l.starts_with("tokenmeter_kv_") || l.starts_with("tokenmeter_saturation"))
         .collect();

@@ -310,7 +310,13 @@ async fn timeline_lists_each_complete_second() {
         .map(|v| v.as_f64().unwrap())
         .collect();
     assert_eq!(gen.len(), 30);
-    for k in ["in_flight_mean", "in_flight_min", "in_flight_max", "steady"] {
+    for k in [
+        "in_flight_mean",
+        "in_flight_min",
+        "in_flight_max",
+        "steady",
+        "saturation",
+    ] {
         assert_eq!(col(k).len(), 30, "{k}");
     }
     // Two requests of 8 tokens: 5 each streamed in second 2, 3 each settled over their decode

@@ -3,13 +3,14 @@
 //! scrape samples on the controlled clock for saturation and headroom.
 
 use tokenmeter::clock::NANOS_PER_SEC;
+use tokenmeter::itl::{Gap, Gaps};
 use tokenmeter::meter::kv::{binds_first, KvCache};
 use tokenmeter::meter::saturation::SaturationState;
 use tokenmeter::meter::{Meter, MeterConfig, SnapshotQuery};
 use tokenmeter::scrape::prom_text::{extract, parse};
 use tokenmeter::scrape::{KvValues, ServerSample, VllmValues};
 
-use crate::meter_support::{at, record, T0};
+use crate::meter_support::{at, close, record, T0};
 
 const AFTER: &str = include_str!("../fixtures/vllm/agents/metrics_after.txt");
 
@@ -192,8 +193,126 @@ fn without_a_scrape_the_cache_figures_are_null_with_reasons() {
     assert_eq!(s.kv.estimate.blocks, None);
     assert_eq!(s.kv.headroom.sequences_p90, None);
     assert!(s.kv.headroom.reason.is_some());
-    assert!(s.windows.get("10s").unwrap().saturation.is_none());
+    // Without a scrape the first tokens would name the state; one request alone is not judged.
+    let w = s.windows.get("10s").unwrap().saturation.clone().unwrap();
+    assert_eq!((w.state, w.source), (None, None));
+    assert!(w.reason.unwrap().contains("first tokens"));
     assert_eq!(m.saturation_now(at(2.0)), None);
+}
+
+const MS: u64 = 1_000_000;
+
+/// A stream (id 1) passing a token every 50 ms from 100 ms to 9.95 s, but none in
+/// `[stall_from, stall_to)` ms (one long step: its gap reported at `stall_to`), and requests
+/// `(arrival ms, first token ms)` behind it, each ended right after its first token.
+fn first_token_meter(stall: Option<(u64, u64)>, behind: &[(u64, u64)]) -> Meter {
+    let mut m = Meter::new(
+        MeterConfig {
+            windows_s: vec![10, 60],
+            ..Default::default()
+        },
+        T0,
+    );
+    let mut events: Vec<(u64, u64, bool)> = Vec::new(); // (ms, id, first token?)
+    let mut t = 100;
+    while t < 9950 {
+        match stall {
+            Some((from, to)) if (from..to).contains(&t) => t = to,
+            _ => {}
+        }
+        events.push((t, 1, false));
+        t += 50;
+    }
+    for (i, &(_, first)) in behind.iter().enumerate() {
+        events.push((first, 2 + i as u64, true));
+    }
+    let mut starts: Vec<(u64, u64)> = behind
+        .iter()
+        .enumerate()
+        .map(|(i, &(a, _))| (a, 2 + i as u64))
+        .collect();
+    starts.push((0, 1));
+    events.sort();
+    starts.sort();
+    let mut last = None;
+    let mut si = 0;
+    for (ms, id, _first) in events {
+        while si < starts.len() && starts[si].0 <= ms {
+            m.request_started(T0 + starts[si].0 * MS, starts[si].1, "a", Some("m"));
+            si += 1;
+        }
+        let now = T0 + ms * MS;
+        if id == 1 {
+            let gaps = Gaps::of(last.map(|l| Gap::of(now - l)));
+            m.tokens_with_gaps(now, 1, 1, gaps);
+            last = Some(now);
+        } else {
+            m.tokens(now, id, 1);
+            let (a, _) = behind[(id - 2) as usize];
+            let r = record(
+                T0 + a * MS,
+                (ms - a) as f64 + 1.0,
+                Some((ms - a) as f64),
+                Some(1),
+                Some(10),
+                true,
+            );
+            m.request_finished_id(now + MS, Some(id), &r);
+        }
+    }
+    m
+}
+
+#[test]
+fn first_tokens_beyond_the_longest_gap_by_two_paces_are_queued() {
+    // TTFTs of 600, 100 and 1000 ms behind a 50 ms pace: excess 550, 50, 950 ms.
+    let mut m = first_token_meter(None, &[(1000, 1600), (2000, 2100), (3000, 4000)]);
+    let s = m.snapshot(at(11.0), &SnapshotQuery::default()).unwrap();
+    let w = s.windows.get("10s").unwrap().saturation.clone().unwrap();
+    let ft = w.first_token.unwrap();
+    assert_eq!((ft.judged, ft.queued, ft.unjudged), (3, 2, 0));
+    assert!(close(ft.queued_share.unwrap(), 2.0 / 3.0));
+    assert!(close(ft.ttft_queueing_share.unwrap(), 1550.0 / 1700.0));
+    assert!(close(ft.pace_ms.unwrap(), 50.0));
+    assert_eq!(w.state, Some(SaturationState::Queueing));
+    assert_eq!(w.source, Some("first_token"));
+    // The stream itself arrived alone: not judged, and not in this window (its first token at 0.1 s).
+    assert_eq!(m.saturation_now(at(11.0)), Some(SaturationState::Queueing));
+    let text = m.prometheus(at(11.0));
+    assert!(text.contains("\ntokenmeter_saturation_state 1\n"), "{text}");
+    // The timeline's line: the state of the window ending with each second (seconds 1..=10),
+    // as the meter knows it now. The windows ending at 2 s to 4 s hold the first tokens of
+    // seconds 1 and 2 only (two judged: unknown); from the one ending at 5 s on, all three.
+    let t = m.timeline(at(11.0), 10);
+    assert_eq!(t.from_s, T0 / NANOS_PER_SEC + 1);
+    assert_eq!(t.saturation[..3], [None, None, None]);
+    assert_eq!(t.saturation[3..], [Some(1); 7]);
+}
+
+#[test]
+fn a_long_prefill_the_others_saw_as_one_gap_queues_nobody() {
+    // A 1000 ms step (a long prompt's prefill) from 3.0 s: the long prompt's first token at its
+    // end, a request that arrived during it right after; two ordinary ones.
+    let behind = [(1000, 1100), (2990, 4000), (3500, 4050), (6000, 6100)];
+    let mut m = first_token_meter(Some((3000, 4000)), &behind);
+    let s = m.snapshot(at(11.0), &SnapshotQuery::default()).unwrap();
+    let w = s.windows.get("10s").unwrap().saturation.clone().unwrap();
+    let ft = w.first_token.unwrap();
+    assert_eq!((ft.judged, ft.queued), (4, 0), "{ft:?}");
+    assert_eq!(w.state, Some(SaturationState::Ok));
+    // Without the stall the same TTFTs would be queued (the rule can fail).
+    let mut m = first_token_meter(None, &behind);
+    let s = m.snapshot(at(11.0), &SnapshotQuery::default()).unwrap();
+    let ft = s
+        .windows
+        .get("10s")
+        .unwrap()
+        .saturation
+        .clone()
+        .unwrap()
+        .first_token
+        .unwrap();
+    assert_eq!((ft.judged, ft.queued), (4, 2), "{ft:?}");
 }
 
 /// Scrapes every second from `from_s` to `to_s` with `waiting(t)` requests waiting.
@@ -277,8 +396,27 @@ fn headroom_extrapolates_the_estimates_growth_to_the_time_until_full() {
     // The 10 s window: 0 blocks at second 11's first event, 100 at second 21.
     assert_eq!(h.growth_blocks_per_s, Some(10.0));
     assert_eq!(h.seconds_to_full, Some((8191.0 - 100.0) / 10.0));
+    let text = m.prometheus(at(21.5));
+    assert!(
+        text.contains("\ntokenmeter_kv_growth_blocks_per_second 10\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\ntokenmeter_kv_time_to_full_seconds 809.1\n"),
+        "{text}"
+    );
     // No growth over the next window (nothing new): not filling, no time to full.
     let s = m.snapshot(at(40.5), &SnapshotQuery::default()).unwrap();
     assert_eq!(s.kv.headroom.growth_blocks_per_s, Some(0.0));
     assert_eq!(s.kv.headroom.seconds_to_full, None);
+    // Not filling: the time to full is absent, not 0.
+    let text = m.prometheus(at(40.5));
+    assert!(
+        !text.contains("\ntokenmeter_kv_time_to_full_seconds "),
+        "{text}"
+    );
+    assert!(
+        text.contains("\ntokenmeter_kv_growth_blocks_per_second 0\n"),
+        "{text}"
+    );
 }

@@ -41,3 +41,18 @@ pub fn record(
 pub fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * b.abs().max(1.0)
 }
+
+/// A simulator sink that records every event a request's stream was sent, for tests that step
+/// the engine in simulated time and read the events back.
+#[derive(Clone, Default)]
+pub struct Rec(pub std::rc::Rc<std::cell::RefCell<Vec<tokenmeter::sim::engine::Ev>>>);
+
+impl tokenmeter::sim::engine::Sink for Rec {
+    fn is_closed(&self) -> bool {
+        false
+    }
+    fn deliver(&mut self, ev: tokenmeter::sim::engine::Ev) -> bool {
+        self.0.borrow_mut().push(ev);
+        true
+    }
+}

@@ -10,6 +10,8 @@
 //!   no preemption): the audit shows lost prefixes, those calls' TTFT exceeds the kept calls',
 //!   and the simulator's eviction count is exactly the block balance the log implies, with the
 //!   audit's lost blocks a lower bound of it.
+//! - Both: the audit per in-flight level and per user, live and offline, equals the truth
+//!   (`sessions_audit`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -276,6 +278,8 @@ async fn ample_cache_every_figure_equals_loads_record_and_the_simulators_truth()
     }
     assert_eq!(extending, a.sessions.calls - 12);
     assert_eq!(u(&s["audit"]["lost_tokens"]), 0);
+    let levels = crate::sessions_audit::audit_equals_truth(&stats, &s, &lines);
+    assert!(levels.values().all(|t| t.lost_tokens == 0));
     assert_eq!(u(&s["audit"]["by_verdict"]["kept"]), extending);
 }
 
@@ -338,6 +342,17 @@ async fn thrashing_cache_the_audit_shows_the_lost_prefixes_and_the_evictions_bal
     );
     let streamed_lost = lost.iter().filter(|l| l["ttft_ms"].is_number()).count();
     assert_eq!(s["audit"]["ttft_lost"]["count"], streamed_lost);
+    // Per level and per user, live and offline, against the truth.
+    let levels = crate::sessions_audit::audit_equals_truth(&stats, &s, &lines);
+    assert!(levels.len() >= 2, "several in-flight levels");
+    for (n, t) in &levels {
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        eprintln!(
+            "level {n}: kept {} lost {} first {}; expected {} cached {} lost {} tokens; TTFT kept {:.1} ms ({}), lost {:.1} ms ({})",
+            t.kept, t.lost, t.first, t.expected, t.cached, t.lost_tokens,
+            mean(&t.ttft_kept), t.ttft_kept.len(), mean(&t.ttft_lost), t.ttft_lost.len()
+        );
+    }
 
     // Evictions. Every full block a call computes is registered once (no two agents share a
     // block: their instructions differ; one session of an agent at a time) and leaves the

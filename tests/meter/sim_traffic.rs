@@ -5,35 +5,20 @@
 //! `[slo]` as the tracker judges it, and carries the token curve the tracker would log. Beside
 //! them, the engine's own per-request timings (its ground truth).
 
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::rc::Rc;
 use std::sync::Arc;
 
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use tokenmeter::clock::UnixNanos;
 use tokenmeter::meter::{Meter, MeterConfig};
 use tokenmeter::record::RequestRecord;
-use tokenmeter::sim::engine::{Engine, Ev, Job, Sink, Timings};
+use tokenmeter::sim::engine::{Engine, Ev, Job, Timings};
 use tokenmeter::sim::metrics::Stats;
 use tokenmeter::sim::SimConfig;
 use tokenmeter::slo::SloConfig;
 use tokenmeter::token_curve::TokenCurveBuilder;
 
-use crate::meter_support::{record, T0};
-
-#[derive(Clone, Default)]
-struct Rec(Rc<RefCell<Vec<Ev>>>);
-
-impl Sink for Rec {
-    fn is_closed(&self) -> bool {
-        false
-    }
-    fn deliver(&mut self, ev: Ev) -> bool {
-        self.0.borrow_mut().push(ev);
-        true
-    }
-}
+use crate::meter_support::{record, Rec, T0};
 
 struct Open {
     rec: Rec,

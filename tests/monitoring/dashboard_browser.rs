@@ -5,7 +5,8 @@
 //!
 //! Needs Chromium (`.ci/run` installs the Debian package): `cargo test --release --test
 //! dashboard_browser -- --ignored --nocapture`. With `TOKENMETER_SCREENSHOT=path` the screenshot
-//! is copied there (the picture in docs/monitoring.md, `docs/dashboard.png`, comes from this test).
+//! is copied there (the picture in docs/monitoring.md is of the demo instead; how it was taken is
+//! written below it).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,8 @@ use axum::http::{header, Uri};
 use axum::response::IntoResponse;
 use serde_json::Value;
 
-type Seen = Arc<Mutex<Vec<Value>>>;
+/// The `/stats` and `/stats/timeline` documents passed on, in order.
+type Seen = Arc<Mutex<(Vec<Value>, Vec<Value>)>>;
 
 /// Serves everything from `admin`, keeping each `/stats` document it passes on.
 async fn relay(admin: SocketAddr, seen: Seen) -> SocketAddr {
@@ -33,10 +35,13 @@ async fn relay(admin: SocketAddr, seen: Seen) -> SocketAddr {
             } else {
                 "application/json"
             };
-            if uri.path() == "/stats" && status == 200 {
-                seen.lock()
-                    .unwrap()
-                    .push(serde_json::from_str(&body).unwrap());
+            if status == 200 {
+                let mut seen = seen.lock().unwrap();
+                match uri.path() {
+                    "/stats" => seen.0.push(serde_json::from_str(&body).unwrap()),
+                    "/stats/timeline" => seen.1.push(serde_json::from_str(&body).unwrap()),
+                    _ => {}
+                }
             }
             (
                 axum::http::StatusCode::from_u16(status).unwrap(),
@@ -174,13 +179,17 @@ async fn the_page_shows_what_stats_said_in_the_snapshot_it_drew() {
     let window = body_attr(&dom, "data-window");
     assert_eq!(window, "60s");
     let update_ms: f64 = body_attr(&dom, "data-update-ms").parse().unwrap();
-    let snap = {
+    // The page polls /stats and /stats/timeline together, one poll after the other: the
+    // timeline it drew is the one passed on with the snapshot.
+    let (snap, timeline) = {
         let seen = seen.lock().unwrap();
         let want: f64 = uptime.parse().unwrap();
-        seen.iter()
-            .find(|s| s["uptime_s"].as_f64() == Some(want))
-            .unwrap_or_else(|| panic!("no /stats answer with uptime_s {uptime} passed the relay"))
-            .clone()
+        let k = seen
+            .0
+            .iter()
+            .position(|s| s["uptime_s"].as_f64() == Some(want))
+            .unwrap_or_else(|| panic!("no /stats answer with uptime_s {uptime} passed the relay"));
+        (seen.0[k].clone(), seen.1[k].clone())
     };
     let w = &snap["windows"][&window];
 
@@ -356,6 +365,89 @@ async fn the_page_shows_what_stats_said_in_the_snapshot_it_drew() {
         sv["gen_tok_s"].as_f64().unwrap() > 0.0,
         "the cross-check has data"
     );
+    // The KV table, the headroom and the saturation state: /stats' kv and the window's
+    // saturation as they are.
+    let kv = &snap["kv"];
+    let want = kv["table"].as_array().unwrap();
+    let table = rows(&dom, "kv_table");
+    assert_eq!(table.len(), want.len());
+    for (r, k) in table.iter().zip(want) {
+        assert_eq!(r[0], k["percentile"].as_str().unwrap());
+        agrees("kv context", &r[1], &k["context_tokens"], 0);
+        agrees("kv sequences", &r[2], &k["kv_sequences"], 0);
+        agrees("kv service level", &r[3], &k["service_level_in_flight"], 0);
+        agrees("kv max_num_seqs", &r[4], &k["max_num_seqs"], 0);
+        let binds = k["binds_first"]
+            .as_str()
+            .map_or("–".into(), |b| b.replace('_', " "));
+        assert_eq!(r[5], binds);
+    }
+    assert!(
+        want[1]["kv_sequences"].as_u64() > Some(0),
+        "the table read the simulator's cache: {kv}"
+    );
+    let headroom = rows(&dom, "kv_headroom");
+    let kv_cell = |label: &str| {
+        headroom
+            .iter()
+            .find(|r| r[0].starts_with(label))
+            .unwrap_or_else(|| panic!("no {label} row"))[1]
+            .clone()
+    };
+    let h = &kv["headroom"];
+    agrees(
+        "sequences p90",
+        &kv_cell("sequences of the p90"),
+        &h["sequences_p90"],
+        0,
+    );
+    assert!(h["sequences_p90"].as_u64() > Some(0), "{h}");
+    match (
+        h["seconds_to_full"].as_f64(),
+        h["growth_blocks_per_s"].is_null(),
+    ) {
+        (Some(_), _) => agrees(
+            "to full",
+            &kv_cell("seconds to full"),
+            &h["seconds_to_full"],
+            1,
+        ),
+        (None, false) => assert_eq!(kv_cell("seconds to full"), "not filling"),
+        (None, true) => assert_eq!(kv_cell("seconds to full"), "–"),
+    }
+    agrees("growth", &kv_cell("growth"), &h["growth_blocks_per_s"], 2);
+    agrees(
+        "blocks",
+        &kv_cell("blocks held by the proxy"),
+        &kv["estimate"]["blocks"],
+        0,
+    );
+    agrees(
+        "server blocks",
+        &kv_cell("blocks in use by vLLM"),
+        &kv["estimate"]["server_blocks"],
+        1,
+    );
+    let sat = &w["saturation"];
+    assert_eq!(
+        text_at(&dom, "id=\"saturation\""),
+        sat["state"].as_str().unwrap_or("unknown")
+    );
+    assert_eq!(sat["source"], "scrape", "{sat}");
+    // The timeline's band: the seconds whose state was queueing or preempting.
+    let saturated = timeline["saturation"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v.as_u64() >= Some(1))
+        .count();
+    let band = dom.find("data-saturated-seconds=\"").map(|i| {
+        let v = &dom[i + 24..];
+        v[..v.find('"').unwrap()].to_string()
+    });
+    assert_eq!(band, Some(saturated.to_string()), "the timeline's band");
+    println!("saturation: window {window} {sat}; timeline band {saturated} s; kv {kv}");
+
     let health = rows(&dom, "health");
     let cell = |label: &str| {
         health

@@ -298,17 +298,35 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// A proxy in front of `up` exporting traces (and metrics, every 200 ms) to the receiver at `otlp`.
+async fn traced_proxy(up: &tokenmeter::sim::SimHandle, otlp: SocketAddr) -> TestProxy {
+    TestProxy::start(&format!("http://{}", up.addr()), |c| {
+        c.otlp_endpoint = Some(format!("http://{otlp}"));
+        c.otlp_export_interval_ms = 200;
+        c.otlp_traces = true;
+    })
+    .await
+}
+
+/// Every span of the received trace exports, each checked to be of tokenmeter's scope.
+fn spans_of(
+    exports: &[opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest],
+) -> Vec<&opentelemetry_proto::tonic::trace::v1::Span> {
+    exports
+        .iter()
+        .flat_map(|e| &e.resource_spans)
+        .flat_map(|r| &r.scope_spans)
+        .inspect(|s| assert_eq!(s.scope.as_ref().unwrap().name, "tokenmeter"))
+        .flat_map(|s| &s.spans)
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_span_per_request_with_genai_attributes_ttft_event_and_the_callers_trace() {
     use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
     let (otlp, got) = receiver().await;
     let up = sim().await;
-    let proxy = TestProxy::start(&format!("http://{}", up.addr()), |c| {
-        c.otlp_endpoint = Some(format!("http://{otlp}"));
-        c.otlp_export_interval_ms = 200;
-        c.otlp_traces = true;
-    })
-    .await;
+    let proxy = traced_proxy(&up, otlp).await;
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent = "00f067aa0ba902b7";
     let sampled = format!("00-{trace_id}-{parent}-01");
@@ -328,13 +346,7 @@ async fn one_span_per_request_with_genai_attributes_ttft_event_and_the_callers_t
     let lines = proxy.finish().await;
     assert_eq!(lines.len(), 9);
     let exports = std::mem::take(&mut got.lock().unwrap().traces);
-    let spans: Vec<_> = exports
-        .iter()
-        .flat_map(|e| &e.resource_spans)
-        .flat_map(|r| &r.scope_spans)
-        .inspect(|s| assert_eq!(s.scope.as_ref().unwrap().name, "tokenmeter"))
-        .flat_map(|s| &s.spans)
-        .collect();
+    let spans = spans_of(&exports);
     assert_eq!(
         spans.len(),
         8,
@@ -454,6 +466,73 @@ async fn one_span_per_request_with_genai_attributes_ttft_event_and_the_callers_t
         .filter(|s| hex(&s.trace_id) == trace_id)
         .count();
     assert_eq!(continued, 4, "requests 0..4 continue the caller's trace");
+    up.shutdown().await;
+}
+
+/// Each API's span names its own OpenTelemetry GenAI operation (`gen_ai.operation.name`):
+/// chat completions, Responses and Messages are `chat`, legacy completions `text_completion`;
+/// the operation comes from the API the request was read as, not from its path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_api_is_exported_with_its_genai_operation() {
+    let (otlp, got) = receiver().await;
+    let up = sim().await;
+    let proxy = traced_proxy(&up, otlp).await;
+    let requests = [
+        (
+            "/v1/chat/completions",
+            r#"{"model":"sim-model","messages":[{"role":"user","content":"q"}],"max_tokens":5,"stream":true}"#,
+            "chat",
+            "chat",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"sim-model","prompt":"q","max_tokens":5,"stream":true}"#,
+            "completions",
+            "text_completion",
+        ),
+        (
+            "/v1/responses",
+            r#"{"model":"sim-model","input":"q","max_output_tokens":5,"stream":true}"#,
+            "responses",
+            "chat",
+        ),
+        (
+            "/v1/messages",
+            r#"{"model":"sim-model","messages":[{"role":"user","content":"q"}],"max_tokens":5,"stream":true}"#,
+            "messages",
+            "chat",
+        ),
+    ];
+    for (path, body, _, _) in requests {
+        let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+        c.write_all(&post(path, body, &[])).await.unwrap();
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).await.unwrap();
+        assert!(
+            out.starts_with(b"HTTP/1.1 200"),
+            "{path}: {}",
+            String::from_utf8_lossy(&out)
+        );
+    }
+    let lines = proxy.finish().await;
+    assert_eq!(lines.len(), requests.len());
+    let exports = std::mem::take(&mut got.lock().unwrap().traces);
+    let spans = spans_of(&exports);
+    assert_eq!(spans.len(), requests.len());
+    for (line, (path, _, api, operation)) in lines.iter().zip(requests) {
+        assert_eq!(line["api"], api, "{path}");
+        let rid = line["request_id"].as_str().unwrap();
+        let span = spans
+            .iter()
+            .find(|s| attr(&s.attributes, "tokenmeter.request_id") == Some(rid))
+            .unwrap_or_else(|| panic!("no span for {path}"));
+        assert_eq!(
+            attr(&span.attributes, "gen_ai.operation.name"),
+            Some(operation),
+            "{path}"
+        );
+        assert_eq!(span.name, format!("{operation} sim-model"), "{path}");
+    }
     up.shutdown().await;
 }
 

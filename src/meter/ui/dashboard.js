@@ -101,6 +101,7 @@ function render() {
   renderTimeline(state.timeline);
   renderPercentiles(w);
   renderServer(s, w);
+  renderKv(s, w);
   renderServiceLevel(s.service_level);
   renderCapacity(s.capacity);
   renderUsers(s, w);
@@ -389,6 +390,7 @@ function renderTimeline(t) {
     }
     i = j;
   }
+  saturationBands(svg, t, xOf, f);
   polyline(svg, "gen", t.gen_tok_s.map((v, i) => [xOf(t.from_s + i + 0.5), yL(v)]));
   const inf = [];
   t.in_flight_mean.forEach((v, i) => {
