@@ -68,16 +68,21 @@ def objective_view(sql, objective):
     return out
 
 
+def level_pairs(what, got_rows, want_rows):
+    """The SQL's rows paired with analyze's by level; a different list of levels is a failure."""
+    got_levels = [int(r["in_flight"]) for r in got_rows]
+    want_levels = [r["in_flight"] for r in want_rows]
+    if got_levels != want_levels:
+        failures.append(f"{what} levels: sql {got_levels} vs {want_levels}")
+    return zip(got_rows, want_rows)
+
+
 def compare_service_level(sess, want):
     """service_level.sql's table, headline and model against analyze's `service_level`."""
     rows_sql, head_sql, model_sql = statements("service_level.sql")
     got_rows = rows(sess, rows_sql)
     levels = want["levels"]
-    if [int(r["in_flight"]) for r in got_rows] != [r["in_flight"] for r in levels]:
-        failures.append(
-            f"service levels: sql {[r['in_flight'] for r in got_rows]} vs {[r['in_flight'] for r in levels]}"
-        )
-    for got, w in zip(got_rows, levels):
+    for got, w in level_pairs("service", got_rows, levels):
         n = w["in_flight"]
         for k in ("requests", "met"):
             if int(got[k]) != w[k]:
@@ -157,11 +162,7 @@ def main():
         (cap_sql,) = statements("capacity.sql")
         cap = rows(sess, cap_sql)
         want = report["capacity"]
-        if [int(r["in_flight"]) for r in cap] != [r["in_flight"] for r in want]:
-            failures.append(
-                f"capacity levels: sql {[r['in_flight'] for r in cap]} vs {[r['in_flight'] for r in want]}"
-            )
-        for got, w in zip(cap, want):
+        for got, w in level_pairs("capacity", cap, want):
             n = w["in_flight"]
             if int(got["seconds"]) != w["seconds"]:
                 failures.append(f"N={n} seconds: sql {got['seconds']} vs analyze {w['seconds']}")
@@ -179,11 +180,7 @@ def main():
         prod_sql, placed_sql = statements("production.sql")
         prod = rows(sess, prod_sql)
         want = report["capacity_production"]
-        if [int(r["in_flight"]) for r in prod] != [r["in_flight"] for r in want]:
-            failures.append(
-                f"production levels: sql {[r['in_flight'] for r in prod]} vs {[r['in_flight'] for r in want]}"
-            )
-        for got, w in zip(prod, want):
+        for got, w in level_pairs("production", prod, want):
             n = w["in_flight"]
             if bool(got["thin"]) != w["thin"]:
                 failures.append(f"P={n} thin: sql {got['thin']} vs analyze {w['thin']}")
