@@ -18,7 +18,7 @@ use tokenmeter::record::{Outcome, RequestRecord, UserSource};
 
 // Numbers are held to 1e-9: the level attribution adds one run's tokens once where per event it
 // adds them one event at a time, so a float sum may differ in its last bits.
-use crate::meter_support::close;
+use crate::meter_support::{close, json_close};
 
 /// Counts token reports.
 #[derive(Default)]
@@ -172,34 +172,6 @@ fn run(
     (meter, reports)
 }
 
-/// The same JSON, numbers `close`.
-fn same(a: &serde_json::Value, b: &serde_json::Value, at: &str) {
-    use serde_json::Value;
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => {
-            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
-            assert!(close(x, y), "{at}: {x} vs {y}");
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            assert_eq!(x.len(), y.len(), "{at}");
-            for (i, (x, y)) in x.iter().zip(y).enumerate() {
-                same(x, y, &format!("{at}[{i}]"));
-            }
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            assert_eq!(
-                x.keys().collect::<Vec<_>>(),
-                y.keys().collect::<Vec<_>>(),
-                "{at}"
-            );
-            for (k, v) in x {
-                same(v, &y[k], &format!("{at}.{k}"));
-            }
-        }
-        _ => assert_eq!(a, b, "{at}"),
-    }
-}
-
 /// Prometheus text: the same lines, their values `close`.
 fn same_text(a: &str, b: &str) {
     let (a, b): (Vec<_>, Vec<_>) = (a.lines().collect(), b.lines().collect());
@@ -246,7 +218,7 @@ async fn both_ways(script: &[(Duration, usize, Step)]) -> (u64, u64) {
                 .is_some_and(|r| !r.is_empty()),
             "{a}"
         );
-        same(&a, &b, "stats");
+        json_close(&a, &b, "stats");
         same_text(
             &per_event.prometheus(now).await,
             &coalesced.prometheus(now).await,
@@ -255,7 +227,7 @@ async fn both_ways(script: &[(Duration, usize, Step)]) -> (u64, u64) {
             per_event.timeline(now, 60).await.unwrap(),
             coalesced.timeline(now, 60).await.unwrap(),
         );
-        same(
+        json_close(
             &serde_json::to_value(&ta).unwrap(),
             &serde_json::to_value(&tb).unwrap(),
             "timeline",

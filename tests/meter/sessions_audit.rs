@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::meter_support::{close, json_close};
 use serde_json::Value;
 
 const B: u64 = 16;
@@ -94,10 +95,6 @@ pub fn truth(lines: &[Value]) -> (BTreeMap<u64, Truth>, BTreeMap<String, Truth>,
     (levels, users, total)
 }
 
-fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
-}
-
 /// One audit row (live or offline) equals its truth.
 fn row_equals(row: &Value, t: &Truth, what: &str) {
     let v = &row["by_verdict"];
@@ -135,34 +132,6 @@ fn row_equals(row: &Value, t: &Truth, what: &str) {
 }
 
 /// Two JSON documents equal, numbers within 1e-9 relative (sums in another order).
-pub fn json_close(a: &Value, b: &Value, at: &str) {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => {
-            assert!(
-                close(x.as_f64().unwrap(), y.as_f64().unwrap()),
-                "{at}: {x} vs {y}"
-            );
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            assert_eq!(
-                x.keys().collect::<Vec<_>>(),
-                y.keys().collect::<Vec<_>>(),
-                "{at}"
-            );
-            for (k, v) in x {
-                json_close(v, &y[k], &format!("{at}.{k}"));
-            }
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            assert_eq!(x.len(), y.len(), "{at}");
-            for (i, (v, w)) in x.iter().zip(y).enumerate() {
-                json_close(v, w, &format!("{at}[{i}]"));
-            }
-        }
-        _ => assert_eq!(a, b, "{at}"),
-    }
-}
-
 /// The audit per level and per user, live and offline, against the truth; live equals offline
 /// (the audit and the wait per turn). Returns the truth per level.
 pub fn audit_equals_truth(stats: &Value, analyze: &Value, lines: &[Value]) -> BTreeMap<u64, Truth> {
