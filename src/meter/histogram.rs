@@ -74,6 +74,21 @@ impl LogHistogram {
         }
     }
 
+    /// Counts `n` values of ITL bin `itl_bin`'s value ([`crate::itl::bin_value_ms`]), as
+    /// `record_n` would, from a table made once: the per-event path counts a gap without a
+    /// logarithm and an exponential.
+    pub fn record_itl_n(&mut self, itl_bin: usize, n: u32) {
+        static ITL_TO_LOG: std::sync::LazyLock<[u16; crate::itl::LOG_BINS]> =
+            std::sync::LazyLock::new(|| {
+                std::array::from_fn(|i| bin_of(crate::itl::bin_value_ms(i)).unwrap_or(0))
+            });
+        match ITL_TO_LOG.get(itl_bin) {
+            Some(&bin) if n > 0 => self.add_to_bin(bin, n),
+            Some(_) => {}
+            None => self.record_n(crate::itl::bin_value_ms(itl_bin), n),
+        }
+    }
+
     fn add_to_bin(&mut self, bin: u16, n: u32) {
         // Fast path: values mostly arrive into new or recent bins; a sorted insert keeps merges linear.
         match self.bins.binary_search_by_key(&bin, |&(b, _)| b) {
@@ -161,6 +176,16 @@ impl LogHistogram {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_itl_bin_counts_where_its_value_would() {
+        for i in 0..crate::itl::LOG_BINS + 2 {
+            let (mut by_table, mut by_value) = (LogHistogram::new(), LogHistogram::new());
+            by_table.record_itl_n(i, 3);
+            by_value.record_n(crate::itl::bin_value_ms(i), 3);
+            assert_eq!(by_table, by_value, "ITL bin {i}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -132,7 +132,7 @@ impl FinishedStats {
         }
         if let Some(itl) = record.itl.as_ref().filter(|_| !itl_live) {
             for (bin, n) in itl.bins() {
-                self.itl_ms.record_n(crate::itl::bin_value_ms(bin), n);
+                self.itl_ms.record_itl_n(bin, n);
             }
         }
     }
@@ -222,7 +222,7 @@ impl SecondBucket {
         self.finished
             .get_or_insert_with(Default::default)
             .itl_ms
-            .record_n(crate::itl::bin_value_ms(usize::from(gaps.bin)), gaps.count);
+            .record_itl_n(usize::from(gaps.bin), gaps.count);
     }
 
     /// Counts a finished request and its per-request figures into this second; `live`: its
