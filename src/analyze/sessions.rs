@@ -98,7 +98,7 @@ impl SessionsAcc {
 
     /// The report's object.
     pub fn finish(&self) -> AnalyzeSessions {
-        let view = self.book.view(self.last_end, TOP_SESSIONS);
+        let view = self.book.view(self.last_end, TOP_SESSIONS, None);
         let mut turns = SpreadAcc::default();
         for w in self.turn_waits.values() {
             turns.add(*w);

@@ -440,24 +440,27 @@ impl SessionBook {
     }
 
     /// The view at `now`: the `top` sessions by wait and the rest summed.
-    pub fn view(&self, now: UnixNanos, top: usize) -> SessionsView {
+    /// With `user`, `active`, `top` and `other` cover that user's sessions (by their last
+    /// call's user; folded sessions have no user and stay out) and the audit its row alone.
+    pub fn view(&self, now: UnixNanos, top: usize, user: Option<&str>) -> SessionsView {
         let since = now.saturating_sub(ACTIVE_WINDOW_S * NANOS_PER_SEC);
-        let mut rows: Vec<&SessionRow> = self.rows.values().collect();
+        let mut rows: Vec<&SessionRow> = (self.rows.values())
+            .filter(|r| user.is_none_or(|u| r.user == u))
+            .collect();
         rows.sort_by(|a, b| {
             b.wait_ms
                 .total_cmp(&a.wait_ms)
                 .then_with(|| a.session.cmp(&b.session))
         });
-        let mut other = self.folded_sum.clone();
+        let mut other = match user {
+            None => self.folded_sum.clone(),
+            Some(_) => SessionsOther::default(),
+        };
         for r in rows.iter().skip(top) {
             other.absorb(r);
         }
         SessionsView {
-            active: self
-                .rows
-                .values()
-                .filter(|r| r.last_end_ns >= since)
-                .count() as u64,
+            active: rows.iter().filter(|r| r.last_end_ns >= since).count() as u64,
             active_window_s: ACTIVE_WINDOW_S,
             seen: self.seen,
             tracked: self.rows.len() as u64,
@@ -479,7 +482,13 @@ impl SessionBook {
                 }
                 turns.spread()
             },
-            audit: self.audit.view(),
+            audit: {
+                let mut audit = self.audit.view();
+                if let Some(u) = user {
+                    audit.by_user.retain(|r| r.user == u);
+                }
+                audit
+            },
         }
     }
 
@@ -540,7 +549,7 @@ mod tests {
         // Turn 2 closes turn 1: 100 + 300 ms.
         assert_eq!(b.add(&call("a", 2, 12, 200.0, 200)), Some(400.0));
         assert_eq!(b.add(&call("b", 1, 400, 50.0, 80)), None);
-        let v = b.view(400 * NANOS_PER_SEC, 1);
+        let v = b.view(400 * NANOS_PER_SEC, 1, None);
         // Turns: a/1 closed (400), a/2 and b/1 open (200, 50).
         let w = &v.wait_per_turn;
         assert_eq!((w.count, w.max_ms), (3, Some(400.0)));
@@ -569,7 +578,7 @@ mod tests {
         b.close_idle((401 + ACTIVE_WINDOW_S) * NANOS_PER_SEC, |w| idle.push(w));
         b.close_idle((402 + ACTIVE_WINDOW_S) * NANOS_PER_SEC, |w| idle.push(w));
         assert_eq!(idle, [50.0, 10.0]);
-        let v = b.view(401 * NANOS_PER_SEC, 5);
+        let v = b.view(401 * NANOS_PER_SEC, 5, None);
         assert_eq!((v.tracked, v.folded, v.seen), (2, 1, 3));
         assert_eq!(
             (v.other.sessions, v.other.calls, v.other.wait_ms),

@@ -109,7 +109,9 @@ impl Meter {
             },
             service_level,
             kv,
-            sessions: self.sessions.view(now, super::sessions::TOP_SESSIONS),
+            sessions: self
+                .sessions
+                .view(now, super::sessions::TOP_SESSIONS, query.user.as_deref()),
             access_log: AccessLogView::default(),
             server_scrape: None,
             upstreams: Vec::new(),

@@ -119,6 +119,12 @@ async fn run_through(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    let user = stats["sessions"]["top"][0]["user"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mine = get_json(proxy.addr, &format!("/stats?user={user}")).await;
+    user_filter_holds(&stats["sessions"], &mine["sessions"], &user);
     let truth = sim.kv_truth();
     let lines = proxy.finish().await;
     sim.shutdown().await;
@@ -180,6 +186,37 @@ fn sessions_equal_loads(a: &AgentsReport, lines: &[Value]) -> BTreeMap<String, T
     ours.sort();
     assert_eq!(ours, theirs);
     proxy
+}
+
+/// `/stats?user=`'s sessions are the unfiltered view's rows of that user (every session is in the
+/// unfiltered top here), in the same order, nothing in `other`; the audit lists that user alone.
+fn user_filter_holds(all: &Value, mine: &Value, user: &str) {
+    let without_idle = |r: &Value| {
+        let mut r = r.clone();
+        r.as_object_mut().unwrap().remove("idle_s");
+        r
+    };
+    assert_eq!(u(&all["other"]["sessions"]), 0, "every session listed");
+    let want: Vec<Value> = (all["top"].as_array().unwrap().iter())
+        .filter(|r| r["user"] == user)
+        .map(without_idle)
+        .collect();
+    let got: Vec<Value> = mine["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(without_idle)
+        .collect();
+    assert!(!got.is_empty());
+    assert_eq!(got, want, "{user}'s sessions");
+    assert_eq!(u(&mine["active"]), want.len() as u64);
+    assert_eq!(
+        (u(&mine["other"]["sessions"]), u(&mine["other"]["calls"])),
+        (0, 0)
+    );
+    let by_user = mine["audit"]["by_user"].as_array().unwrap();
+    assert!(by_user.iter().all(|r| r["user"] == user), "{by_user:?}");
+    assert_eq!(mine["audit"]["total"], all["audit"]["total"]);
 }
 
 /// `/stats` sessions: every session seen, every call counted, the wait summed.
