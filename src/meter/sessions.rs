@@ -211,6 +211,8 @@ impl SessionRow {
                 *w += wait;
                 None
             }
+            // A call of a turn already closed (turns overlapped) opens no turn again.
+            Some((t, _)) if turn < *t => None,
             open => open.replace((turn, wait)).map(|(_, w)| w),
         }
     }
@@ -585,5 +587,13 @@ mod tests {
             (1, 3, 600.0)
         );
         assert_eq!(v.top.iter().map(|r| r.calls).sum::<u64>(), 2);
+        let mut late = SessionBook::new(2, 10); // a call of turn 1 after turn 2 began: no 3rd turn
+        late.add(&call("x", 1, 10, 100.0, 100));
+        assert_eq!(late.add(&call("x", 2, 11, 200.0, 150)), Some(100.0));
+        assert_eq!(late.add(&call("x", 1, 12, 50.0, 200)), None);
+        assert_eq!(
+            late.view(12 * NANOS_PER_SEC, 1, None).wait_per_turn.count,
+            2
+        );
     }
 }
