@@ -15,6 +15,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
+use crate::meter::replay::LevelSweep;
 use crate::meter::service_level::{service_level_view, ServiceLevelView, VerdictsByLevel};
 use crate::slo::{judge, Ending, SloConfig, SloInput, Verdict};
 
@@ -127,45 +128,20 @@ pub fn read(path: &Path) -> anyhow::Result<Vec<TruthRecord>> {
 }
 
 /// Each record's mean level over its life `[arrival, arrival + e2e]`, the level being the number
-/// of the engine's requests (waiting or running) at each instant, itself included; 1 for a
-/// request of no length.
+/// of the engine's requests (waiting or running) at each instant, itself included (a request
+/// ending as another arrives does not overlap it); 1 for a request of no length.
 pub fn mean_levels(records: &[TruthRecord]) -> Vec<f64> {
-    let span = |r: &TruthRecord| (r.arrival_ns, r.arrival_ns + r.e2e_ns);
-    let mut events: Vec<(u64, i64)> = records
-        .iter()
-        .flat_map(|r| {
-            let (a, e) = span(r);
-            [(a, 1i64), (e, -1i64)]
-        })
-        .collect();
-    // At one instant, ends before arrivals (a request ending as another arrives never overlaps).
-    events.sort_unstable();
-    let mut times = Vec::with_capacity(events.len());
-    let mut areas = Vec::with_capacity(events.len());
-    let (mut level, mut area, mut last) = (0i64, 0u128, 0u64);
-    for (t, d) in events {
-        area += (level.max(0) as u128) * u128::from(t - last.min(t));
-        last = t;
-        level += d;
-        times.push(t);
-        areas.push(area);
+    let mut order: Vec<usize> = (0..records.len()).collect();
+    order.sort_by_key(|&i| records[i].arrival_ns);
+    let mut means = vec![1.0; records.len()];
+    let mut visit = |i: usize, mean: f64| means[i] = mean;
+    let mut sweep = LevelSweep::new();
+    for i in order {
+        let r = &records[i];
+        sweep.push(r.arrival_ns, r.arrival_ns + r.e2e_ns, 1, i, &mut visit);
     }
-    let area_at = |t: u64| {
-        let i = times
-            .partition_point(|x| *x < t)
-            .min(areas.len().saturating_sub(1));
-        areas.get(i).copied().unwrap_or(0)
-    };
-    records
-        .iter()
-        .map(|r| {
-            let (a, e) = span(r);
-            if e <= a {
-                return 1.0;
-            }
-            (area_at(e) - area_at(a)) as f64 / (e - a) as f64
-        })
-        .collect()
+    sweep.finish(&mut visit);
+    means
 }
 
 /// The service-level view from the engine's own account (`ttft_for_all`: see
