@@ -107,18 +107,17 @@ pub fn sections(v: &ServiceLevelView) -> Vec<(String, Grid)> {
 /// The log's verdicts per level beside the simulator's own (`--sim-truth`): judged, met and
 /// attainment in each, and the difference in points.
 pub fn against_truth(log: &ServiceLevelView, t: &super::report::SimTruth) -> (String, Grid) {
-    let by_level = |v: &ServiceLevelView| -> std::collections::BTreeMap<u32, ServiceLevelRow> {
+    fn by_level(v: &ServiceLevelView) -> std::collections::BTreeMap<u32, &ServiceLevelRow> {
         v.levels
             .iter()
             .filter(|r| r.requests > 0)
-            .map(|r| (r.in_flight, r.clone()))
+            .map(|r| (r.in_flight, r))
             .collect()
-    };
+    }
     let (mine, truth) = (by_level(log), by_level(&t.service_level));
-    let mut levels: Vec<u32> = mine.keys().chain(truth.keys()).copied().collect();
-    levels.sort_unstable();
-    levels.dedup();
-    let cells = |r: Option<&ServiceLevelRow>| match r {
+    let levels: std::collections::BTreeSet<u32> =
+        mine.keys().chain(truth.keys()).copied().collect();
+    let cells = |r: Option<&&ServiceLevelRow>| match r {
         Some(r) => format!(
             "{} / {}{} {}",
             r.requests,
