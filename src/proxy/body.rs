@@ -78,6 +78,20 @@ pub struct MeteredBody {
     /// The waker the timer last registered: polling the timer registers the waker again, so it is
     /// polled only when the task changed or the timer fired, not on every frame.
     timer_waker: Option<Waker>,
+    /// A frame handed to the server before it was measured.
+    deferred: Option<Deferred>,
+}
+
+/// A data frame handed to the server before it was measured: the meter reads it after the server
+/// has written it, so the client's bytes never wait for the meter. Only frames that measuring
+/// cannot change are handed on first ([`MeteredBody::deferrable`]).
+struct Deferred {
+    data: Bytes,
+    /// When it arrived, on the tracker's clock (the measurement's time, whenever it is made).
+    at: Instant,
+    /// When the body was polled again after handing it on: the server buffered it then and
+    /// writes it before its next poll. `None` until then.
+    handed: Option<Instant>,
 }
 
 impl MeteredBody {
@@ -95,6 +109,7 @@ impl MeteredBody {
             last_frame: now,
             timer: Box::pin(tokio::time::sleep_until((now + idle).into())),
             timer_waker: None,
+            deferred: None,
         };
         if bodiless {
             body.end(Outcome::Ok, None);
@@ -107,6 +122,7 @@ impl MeteredBody {
     }
 
     fn end(&mut self, outcome: Outcome, error: Option<&str>) {
+        self.settle();
         let now = self.tracker.now();
         if let Reading::Json {
             dialect,
@@ -121,6 +137,41 @@ impl MeteredBody {
         }
         self.inner = None;
         self.tracker.finish(outcome, error, now);
+    }
+
+    /// Whether `data` may go to the client before it is measured: measuring sends it as it came.
+    /// Only the usage strip changes what is sent, and only for frames it must read first; the
+    /// search that tells costs more than the wait it saves once the first token is out, so under
+    /// the strip only frames up to the first token are handed on first.
+    fn deferrable(&self, data: &Bytes) -> bool {
+        if data.is_empty() {
+            return false;
+        }
+        match &self.reading {
+            Reading::Sse {
+                strip_usage: true,
+                held,
+                ..
+            } => self.tracker.awaits_output() && passes_strip_unread(held, data),
+            _ => true,
+        }
+    }
+
+    /// Measures the frame handed on unmeasured, if there is one.
+    fn settle(&mut self) {
+        let Some(d) = self.deferred.take() else {
+            return;
+        };
+        let len = d.data.len();
+        let sent = self.on_data(d.data, d.at);
+        debug_assert_eq!(
+            sent.map_or(0, |b| b.len()),
+            len,
+            "a deferred frame goes as it came"
+        );
+        if let Some(at) = d.handed {
+            self.tracker.on_handed(at);
+        }
     }
 
     /// Measures one data frame; returns what to send on (possibly less, when usage is stripped).
@@ -184,6 +235,21 @@ impl MeteredBody {
         tracker.on_sent(out.len());
         Some(out)
     }
+}
+
+/// Whether the usage strip ([`strip_usage_events`]) sends `data` unchanged, told without reading
+/// it: nothing is held back from earlier frames (so the scanner is between events), `data` ends
+/// an event (a blank line), and no event in it can be usage-only, since none names `usage`
+/// (nor holds a `\u` escape, which could spell it).
+pub(crate) fn passes_strip_unread(held: &BytesMut, data: &[u8]) -> bool {
+    static USAGE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"usage"));
+    static ESCAPE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\\u"));
+    held.is_empty()
+        && data.ends_with(b"\n\n")
+        && USAGE.find(data).is_none()
+        && ESCAPE.find(data).is_none()
 }
 
 /// Feeds `data` through the scanner, drops usage-only events (`"choices": []` with usage), holds
@@ -277,6 +343,13 @@ fn push_range(
     }
 }
 
+impl Drop for MeteredBody {
+    fn drop(&mut self) {
+        // A frame handed on and then the client gone: measured before the record is finished.
+        self.settle();
+    }
+}
+
 impl Body for MeteredBody {
     type Data = Bytes;
     type Error = BoxError;
@@ -299,6 +372,15 @@ impl Body for MeteredBody {
             Some(Cut::Fail(e)) => return Poll::Ready(Some(Err(e))),
         }
         this.tracker.on_poll();
+        if let Some(d) = &mut this.deferred {
+            // The first poll after a frame was handed on comes before the server writes it (it
+            // writes once the body is pending); any later one, after.
+            if d.handed.is_none() {
+                d.handed = Some(this.tracker.now());
+            } else {
+                this.settle();
+            }
+        }
         loop {
             let Some(inner) = this.inner.as_mut() else {
                 return Poll::Ready(None);
@@ -310,7 +392,22 @@ impl Body for MeteredBody {
                     this.last_frame = real;
                     match frame.into_data() {
                         Ok(data) => {
-                            let out = this.on_data(data, this.tracker.observe(real));
+                            // Frames are measured in order: the one handed on before, first.
+                            this.settle();
+                            let now = this.tracker.observe(real);
+                            let ends = this
+                                .inner
+                                .as_ref()
+                                .is_some_and(http_body::Body::is_end_stream);
+                            if !ends && this.deferrable(&data) {
+                                this.deferred = Some(Deferred {
+                                    data: data.clone(),
+                                    at: now,
+                                    handed: None,
+                                });
+                                return Poll::Ready(Some(Ok(Frame::data(data))));
+                            }
+                            let out = this.on_data(data, now);
                             // A body of known length is over with its last byte: hyper will not
                             // poll again, so the record is finished now, not at drop.
                             let over = this
@@ -329,6 +426,7 @@ impl Body for MeteredBody {
                             }
                         }
                         Err(frame) => {
+                            this.settle();
                             // Trailers are the last frame: the server will not poll again.
                             if this
                                 .inner
@@ -342,6 +440,7 @@ impl Body for MeteredBody {
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
+                    this.settle();
                     // What was read before the cut reaches the client, then the cut: an event
                     // held back (it might have been a usage event) goes as the upstream sent it.
                     let rest = match &mut this.reading {
@@ -367,6 +466,7 @@ impl Body for MeteredBody {
                     return Poll::Pending;
                 }
                 Poll::Ready(None) => {
+                    this.settle();
                     if let Reading::Sse { held, .. } = &mut this.reading {
                         if !held.is_empty() {
                             // An unterminated last event: pass it on as the upstream sent it.
@@ -480,6 +580,56 @@ mod tests {
             let (out, usage, choices) = strip_all(&body, pieces);
             assert_eq!(String::from_utf8(out).unwrap(), expected, "split {size}");
             assert_eq!((usage, choices), (1, 6), "split {size}");
+        }
+    }
+
+    /// Frames handed on before they are read must be exactly those the strip sends unchanged.
+    #[test]
+    fn frames_passed_unread_are_those_the_strip_leaves_alone() {
+        for name in [
+            "03_chat_stream_usage.http",
+            "05_chat_stream_usage_n2.http",
+            "07_chat_stream_stop_usage.http",
+        ] {
+            let body = fixture_body(name);
+            // Whole events, as vLLM writes them, and every even split.
+            let mut splits: Vec<Vec<std::ops::Range<usize>>> = Vec::new();
+            let text = String::from_utf8(body.clone()).unwrap();
+            let mut at = 0;
+            splits.push(
+                text.split_inclusive("\n\n")
+                    .map(|e| {
+                        at += e.len();
+                        at - e.len()..at
+                    })
+                    .collect(),
+            );
+            for size in 1..=body.len() {
+                splits.push(
+                    (0..body.len())
+                        .step_by(size)
+                        .map(|s| s..(s + size).min(body.len()))
+                        .collect(),
+                );
+            }
+            let mut unread = 0;
+            for pieces in splits {
+                let mut scanner = SseScanner::default();
+                let mut reader = CHAT.stream_reader();
+                let mut held = BytesMut::new();
+                for r in pieces {
+                    let data = Bytes::copy_from_slice(&body[r]);
+                    let before = passes_strip_unread(&held, &data);
+                    let sent =
+                        strip_usage_events(&mut *reader, &mut scanner, &mut held, &data, |_| {});
+                    if before {
+                        unread += 1;
+                        assert_eq!(sent, data, "{name}: a frame passed unread went as it came");
+                        assert!(held.is_empty(), "{name}: and left nothing held");
+                    }
+                }
+            }
+            assert!(unread > 0, "{name}: some frames pass unread");
         }
     }
 

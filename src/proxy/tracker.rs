@@ -486,6 +486,21 @@ impl Tracker {
         }
     }
 
+    /// No event with output has been read yet: the stream's first token is still to come.
+    #[inline]
+    pub fn awaits_output(&self) -> bool {
+        self.ttft.is_none()
+    }
+
+    /// The frame read last was handed to the client at `at` (it is measured after that, so its
+    /// terminal event, if it held one, is marked delivered then).
+    #[inline]
+    pub fn on_handed(&mut self, at: Instant) {
+        if self.terminal == Terminal::Read {
+            self.terminal = Terminal::Delivered(at);
+        }
+    }
+
     /// Now, on the proxy's measuring clock.
     #[inline]
     pub fn now(&self) -> Instant {
