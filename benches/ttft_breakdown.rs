@@ -45,11 +45,10 @@ const BODY: &[u8] =
     br#"{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":16,"stream":true}"#;
 const KEY: &str = "sk-overhead-bench-0123456789";
 
-fn request_head(host: &str) -> String {
+fn request_head(host: &str, path: &str, body_len: usize) -> String {
     format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n\
-authorization: Bearer {KEY}\r\nuser-agent: ttft-breakdown/1\r\ncontent-length: {}\r\n\r\n",
-        BODY.len()
+        "POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n\
+authorization: Bearer {KEY}\r\nuser-agent: ttft-breakdown/1\r\ncontent-length: {body_len}\r\n\r\n"
     )
 }
 
@@ -67,6 +66,20 @@ fn headers() -> HeaderMap {
 }
 
 /// ns per call of `f`: median over 15 batches of `n` calls, minus the median cost of the empty loop.
+/// The body of a recorded agent request (`tests/fixtures/vllm/agents/sessions/<file>`), as the
+/// agent sent it.
+fn agent_body(file: &str) -> Vec<u8> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm/agents/sessions")
+        .join(file);
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path).expect("recorded request")).expect("JSON");
+    match &recorded["body"] {
+        serde_json::Value::String(s) => s.clone().into_bytes(),
+        v => serde_json::to_vec(v).expect("body"),
+    }
+}
+
 fn per_call<R>(n: usize, mut f: impl FnMut() -> R) -> f64 {
     let batch = |f: &mut dyn FnMut()| {
         let mut v: Vec<f64> = (0..15)
@@ -157,6 +170,17 @@ fn stages(rt: &tokio::runtime::Runtime, n: usize) -> Vec<(&'static str, f64)> {
         "RequestInfo::parse",
         per_call(n, || RequestInfo::parse(black_box(BODY))),
     ));
+    // The agents' own requests are far larger than the bench's: the same read on recorded
+    // Claude Code (Messages) and Codex CLI (Responses) requests.
+    for (label, file) in [
+        ("  on a Claude Code request", "claude/006_request.json"),
+        ("  on a Codex CLI request", "codex/006_request.json"),
+    ] {
+        let body = agent_body(file);
+        let name: &'static str =
+            Box::leak(format!("{label} ({} KB)", body.len() / 1000).into_boxed_str());
+        out.push((name, per_call(n, || RequestInfo::parse(black_box(&body)))));
+    }
     let info = RequestInfo::parse(BODY);
     out.push((
         "inject_include_usage",
@@ -319,12 +343,12 @@ async fn serve_raw(mut s: tokio::net::TcpStream, stamps: Stamps) {
 }
 
 /// Sends one request on `s`; returns (sent, first event byte received), reading to the end.
-fn one(s: &mut TcpStream, head: &[u8], buf: &mut Vec<u8>) -> (u64, u64) {
+fn one(s: &mut TcpStream, head: &[u8], body: &[u8], buf: &mut Vec<u8>) -> (u64, u64) {
     buf.clear();
     let mut tmp = [0u8; 8192];
     let t0 = monotonic_ns();
     s.write_all(head).unwrap();
-    s.write_all(BODY).unwrap();
+    s.write_all(body).unwrap();
     let mut first = None;
     loop {
         let k = s.read(&mut tmp).unwrap();
@@ -345,7 +369,9 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Part 2: request path and response path, through the proxy and direct, warm and cold.
+/// Part 2: request path and response path, through the proxy and direct, warm and cold, for the
+/// bench's chat request (the proxy injects `include_usage`) and, warm, for a recorded Claude Code
+/// request (`/v1/messages`, tens of KB: nothing in it is changed on the way).
 fn end_to_end(rt: &tokio::runtime::Runtime, n: usize) -> Vec<(String, f64)> {
     let stamps: Stamps = Arc::default();
     let up = raw_upstream(stamps.clone());
@@ -363,49 +389,63 @@ fn end_to_end(rt: &tokio::runtime::Runtime, n: usize) -> Vec<(String, f64)> {
     let px = proxy.addr();
     let mut out = Vec::new();
     let mut buf = Vec::new();
+    let claude = agent_body("claude/006_request.json");
+    let requests: [(&str, &str, &[u8], &[bool]); 2] = [
+        ("", "/v1/chat/completions", BODY, &[false, true]),
+        (
+            ", Claude Code request",
+            "/v1/messages?beta=true",
+            &claude,
+            &[false],
+        ),
+    ];
     for (arm, addr) in [("direct", up), ("tokenmeter", px)] {
-        for cold in [false, true] {
-            let head = request_head(&addr.to_string());
-            let mut req_path = Vec::new();
-            let mut resp_path = Vec::new();
-            let mut total = Vec::new();
-            let connect = || {
-                let s = TcpStream::connect(addr).unwrap();
-                s.set_nodelay(true).unwrap();
-                s
-            };
-            let mut s = connect();
-            for i in 0..n + 50 {
-                if cold {
-                    s = connect();
-                }
-                stamps.lock().unwrap().clear();
-                let (t0, t3) = one(&mut s, head.as_bytes(), &mut buf);
-                let (t1, t2) = loop {
-                    if let Some(&p) = stamps.lock().unwrap().first() {
-                        break p;
-                    }
-                    std::thread::sleep(Duration::from_micros(50));
+        for &(request, path, body, kinds) in &requests {
+            for &cold in kinds {
+                let head = request_head(&addr.to_string(), path, body.len());
+                let mut req_path = Vec::new();
+                let mut resp_path = Vec::new();
+                let mut total = Vec::new();
+                let connect = || {
+                    let s = TcpStream::connect(addr).unwrap();
+                    s.set_nodelay(true).unwrap();
+                    s
                 };
-                if i >= 50 {
-                    req_path.push((t1 - t0) as f64);
-                    resp_path.push((t3 - t2) as f64);
-                    total.push((t3 - t0) as f64);
+                let mut s = connect();
+                for i in 0..n + 50 {
+                    if cold {
+                        s = connect();
+                    }
+                    stamps.lock().unwrap().clear();
+                    let (t0, t3) = one(&mut s, head.as_bytes(), body, &mut buf);
+                    let (t1, t2) = loop {
+                        if let Some(&p) = stamps.lock().unwrap().first() {
+                            break p;
+                        }
+                        std::thread::sleep(Duration::from_micros(50));
+                    };
+                    if i >= 50 {
+                        req_path.push((t1 - t0) as f64);
+                        resp_path.push((t3 - t2) as f64);
+                        total.push((t3 - t0) as f64);
+                    }
                 }
+                let kind = if cold { "cold" } else { "warm" };
+                out.push((
+                    format!("{arm} {kind}{request}: request path (client sent -> upstream read)"),
+                    median(&mut req_path),
+                ));
+                out.push((
+                    format!(
+                    "{arm} {kind}{request}: response path (upstream wrote -> client first byte)"
+                ),
+                    median(&mut resp_path),
+                ));
+                out.push((
+                    format!("{arm} {kind}{request}: total (client sent -> first byte)"),
+                    median(&mut total),
+                ));
             }
-            let kind = if cold { "cold" } else { "warm" };
-            out.push((
-                format!("{arm} {kind}: request path (client sent -> upstream read)"),
-                median(&mut req_path),
-            ));
-            out.push((
-                format!("{arm} {kind}: response path (upstream wrote -> client first byte)"),
-                median(&mut resp_path),
-            ));
-            out.push((
-                format!("{arm} {kind}: total (client sent -> first byte)"),
-                median(&mut total),
-            ));
         }
     }
     rt.block_on(proxy.shutdown());

@@ -25,6 +25,7 @@ use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity;
 use crate::proxy::pool::PooledBody;
 use crate::proxy::request::{inject_include_usage, RequestInfo};
+use crate::proxy::session::SessionSource;
 use crate::proxy::sniff::Verdict;
 use crate::proxy::state::ProxyState;
 use crate::proxy::tracker::SessionClues;
@@ -183,50 +184,47 @@ async fn forward(
     let turn_key = metered
         .then(|| crate::proxy::session::codex_turn(&parts.headers))
         .flatten();
-    let meta = tracker.meta_mut();
-    meta.bytes_in = body.len() as u64;
+    tracker.meta_mut().bytes_in = body.len() as u64;
+    let clues = (session_header, turn_key);
+    let ups = &state.upstreams;
+    let several = ups.list().len() > 1;
 
     let mut upstream_body = body.clone();
     let mut strip_usage = false;
     let mut as_stream: Option<(Box<dyn Fold>, &'static dyn Dialect)> = None;
+    // The body's fields read once the request is on its way, when nothing sent depends on them.
+    let mut unread = None;
     if let Some(api) = api {
-        let info = RequestInfo::parse(&body);
-        meta.model = info.model.as_deref().map(Arc::from);
-        meta.stream = info.stream;
-        meta.n = info.n;
-        if let Some(user) = &info.user {
-            tracker.set_body_user(user.clone());
-        }
-        if metered {
-            tracker.set_session_clues(SessionClues {
-                header: session_header,
-                body: info.session.clone(),
-                conversation: info.conversation.clone().map(|r| body.slice(r)),
-                turn_key,
-            });
-        }
         let asks = api.dialect().stream_usage() == StreamUsage::IncludeUsageOption;
-        if metered
-            && asks
-            && cfg.inject_stream_usage
-            && !cfg.upstream_force_include_usage
-            && info.wants_injection()
-        {
-            if let Some(b) = inject_include_usage(&body, &info) {
-                upstream_body = b;
-                strip_usage = true;
-            }
-        }
-        // Streamed requests are never touched (nor their bodies read again).
-        if metered && cfg.ttft_for_non_streamed.enabled(api) && info.stream != Some(true) {
-            match api.dialect().as_stream(&body) {
-                Ok(Some(up)) => {
-                    upstream_body = up.body;
-                    as_stream = Some((up.fold, api.dialect()));
+        let injects =
+            metered && asks && cfg.inject_stream_usage && !cfg.upstream_force_include_usage;
+        let upgrades = metered && cfg.ttft_for_non_streamed.enabled(api);
+        // With several replicas the model picks one; with one, what is sent is the client's body
+        // unless usage is injected or the request is upgraded to a stream. Reading an agent's
+        // body (tens of KB) costs a real share of the added TTFT (docs/performance.md), so it
+        // waits, like the identity, for the first poll of the upstream attempt.
+        if injects || upgrades || several {
+            let info = RequestInfo::parse(&body);
+            note_body(&mut tracker, &info, &body, metered, clues);
+            if injects && info.wants_injection() {
+                if let Some(b) = inject_include_usage(&body, &info) {
+                    upstream_body = b;
+                    strip_usage = true;
                 }
-                Ok(None) => {}
-                Err(why) => tracker.set_ttft_fallback(why.0),
             }
+            // Streamed requests are never touched (nor their bodies read again).
+            if upgrades && info.stream != Some(true) {
+                match api.dialect().as_stream(&body) {
+                    Ok(Some(up)) => {
+                        upstream_body = up.body;
+                        as_stream = Some((up.fold, api.dialect()));
+                    }
+                    Ok(None) => {}
+                    Err(why) => tracker.set_ttft_fallback(why.0),
+                }
+            }
+        } else {
+            unread = Some(clues);
         }
     }
     let model = tracker.meta_mut().model.clone();
@@ -264,8 +262,6 @@ async fn forward(
         .map(|(fold, dialect)| (fold, dialect, parts.method.clone(), parts.headers.clone()));
     // Where the last attempt went: its URI, `Host` and replica (a fallback resend goes there).
     let mut last_target: Option<(Uri, HeaderValue, usize)>;
-    let ups = &state.upstreams;
-    let several = ups.list().len() > 1;
     let mut load = ups.pick(model.as_deref(), None, Clock::global().now());
     let mut retried = false;
     let headers_timeout = std::time::Duration::from_millis(cfg.timeouts.upstream_headers_ms);
@@ -283,6 +279,15 @@ async fn forward(
         let index = l.index;
         // A path that makes no URI is the client's; the replica's parts are always valid.
         let Some(uri) = l.upstream.target.uri(fwd_path, query) else {
+            if let Some(clues) = unread.take() {
+                note_body(
+                    &mut tracker,
+                    &RequestInfo::parse(&body),
+                    &body,
+                    metered,
+                    clues,
+                );
+            }
             tracker.admit();
             return reject(
                 tracker,
@@ -309,6 +314,15 @@ async fn forward(
         // sent (identification, telling the observers) runs while the upstream works on it, off
         // the path to the first token. Admitting is idempotent: a retry's attempt skips it.
         let first = std::future::poll_fn(|cx| Poll::Ready(attempt.as_mut().poll(cx))).await;
+        if let Some(clues) = unread.take() {
+            note_body(
+                &mut tracker,
+                &RequestInfo::parse(&body),
+                &body,
+                metered,
+                clues,
+            );
+        }
         tracker.admit();
         let answered = match first {
             Poll::Ready(r) => r,
@@ -413,6 +427,32 @@ async fn forward(
         rparts,
         ProxyBody::Metered(Box::new(MeteredBody::new(rbody, tracker, reading, idle))),
     )
+}
+
+/// Records what the request body says: model, stream, n, the body's user and, metered, the
+/// session's clues (`clues`: the session header and Codex's turn key, from the head).
+fn note_body(
+    tracker: &mut Tracker,
+    info: &RequestInfo,
+    body: &Bytes,
+    metered: bool,
+    clues: (Option<(SessionSource, String)>, Option<u64>),
+) {
+    let meta = tracker.meta_mut();
+    meta.model = info.model.as_deref().map(Arc::from);
+    meta.stream = info.stream;
+    meta.n = info.n;
+    if let Some(user) = &info.user {
+        tracker.set_body_user(user.clone());
+    }
+    if metered {
+        tracker.set_session_clues(SessionClues {
+            header: clues.0,
+            body: info.session.clone(),
+            conversation: info.conversation.clone().map(|r| body.slice(r)),
+            turn_key: clues.1,
+        });
+    }
 }
 
 /// How a metered response is read: by its dialect, as events or as one JSON body.
