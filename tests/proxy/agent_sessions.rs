@@ -202,6 +202,12 @@ async fn recorded_agent_runs_land_in_their_sessions_and_turns() {
         for l in &lines {
             assert_schema("record.schema.json", l);
             assert_eq!(l["session_source"], source, "{l}");
+            // Read from the body once the call was on its way (nothing sent depends on it).
+            assert_eq!(
+                (&l["model"], &l["stream"]),
+                (&serde_json::json!("tiny-llama"), &serde_json::json!(true)),
+                "{l}"
+            );
         }
         let s: Vec<&str> = lines
             .iter()
