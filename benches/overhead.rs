@@ -70,6 +70,8 @@ pub struct Opts {
     pub peer_rounds: usize,
     /// Events per request in the peers phase.
     pub peer_events: u64,
+    /// Characters of the user message the Python peers send (0: "hello").
+    pub peer_prompt_chars: usize,
     /// The Python upstream's gap between events, ms.
     pub peer_gap_ms: f64,
     /// The peers phase's clients (`raw`, `sdk`), comma-separated.
@@ -85,7 +87,7 @@ const HELP: &str =
   --issue19: issue 19's latency method (1 stream, 200 rounds of 16 events 2 ms apart, chat-bearer,
              TTFT from the same requests; latency phase only)
   --phases peers: Python peers (benches/peers/) on both sides: --python PATH (default target/peers-venv/bin/python)
-  --peer-rounds 200 | --peer-events 16 | --peer-gap-ms 2 | --peer-clients raw,sdk
+  --peer-rounds 200 | --peer-events 16 | --peer-gap-ms 2 | --peer-clients raw,sdk | --peer-prompt-chars 0
   --issue37: the peers phase alone, with its defaults";
 
 fn list<T: std::str::FromStr>(s: &str) -> anyhow::Result<Vec<T>> {
@@ -133,6 +135,7 @@ fn parse_opts() -> anyhow::Result<Opts> {
         python: Some(target.join("peers-venv/bin/python")).filter(|p| p.exists()),
         peer_rounds: 200,
         peer_events: 16,
+        peer_prompt_chars: 0,
         peer_gap_ms: 2.0,
         peer_clients: "raw,sdk".into(),
     };
@@ -164,6 +167,7 @@ fn parse_opts() -> anyhow::Result<Opts> {
             "--python" => o.python = Some(val()?.into()),
             "--peer-rounds" => o.peer_rounds = val()?.parse()?,
             "--peer-events" => o.peer_events = val()?.parse()?,
+            "--peer-prompt-chars" => o.peer_prompt_chars = val()?.parse()?,
             "--peer-gap-ms" => o.peer_gap_ms = val()?.parse()?,
             "--peer-clients" => o.peer_clients = val()?,
             "--shape" => o.shape = client::Shape::parse(&val()?)?,
@@ -316,7 +320,7 @@ fn main() -> anyhow::Result<()> {
         "loadavg_before": load_before, "loadavg_after": support::loadavg(), "seconds": started.elapsed().as_secs_f64(),
         "nginx_workers": o.nginx.as_ref().map(|_| o.nginx_workers.clone()), "events_per_request": o.events,
         "gap_ms": o.gap_ms, "cpu_gap_ms": o.cpu_gap_ms, "cpu_events_stamped": o.cpu_stamped, "nofile_limit": nofile, "ramp_steps": o.ramp, "concurrency": o.concurrency, "rounds": o.rounds, "ttft_rounds": o.ttft_rounds, "tm_env": o.tm_env,
-        "shape": o.shape.name(), "peer_rounds": o.peer_rounds, "peer_events": o.peer_events, "peer_gap_ms": o.peer_gap_ms, "peer_clients": o.peer_clients, "python": o.python, "git_head": git_head(), "bin": o.bin, "bin_before": o.bin_before,
+        "shape": o.shape.name(), "peer_rounds": o.peer_rounds, "peer_events": o.peer_events, "peer_prompt_chars": o.peer_prompt_chars, "peer_gap_ms": o.peer_gap_ms, "peer_clients": o.peer_clients, "python": o.python, "git_head": git_head(), "bin": o.bin, "bin_before": o.bin_before,
     });
     res.insert("meta".into(), meta);
     let all = serde_json::Value::Object(res);

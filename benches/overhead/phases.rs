@@ -343,6 +343,7 @@ pub fn peers(env: &Env, o: &Opts, python: &std::path::Path) -> anyhow::Result<Va
     cmd.arg(script)
         .args(["--rounds", &o.peer_rounds.to_string()])
         .args(["--events", &o.peer_events.to_string()])
+        .args(["--prompt-chars", &o.peer_prompt_chars.to_string()])
         .args(["--clients", &o.peer_clients]);
     for arm in ARMS {
         if let Some(addr) = addr_of(env, arm) {

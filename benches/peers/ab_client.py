@@ -21,7 +21,10 @@ Every request is a streamed chat completion with `Authorization: Bearer` and no 
 Prints one JSON object on stdout; progress and a short table on stderr.
 
     python ab_client.py --arm direct=127.0.0.1:P1 --arm tokenmeter=127.0.0.1:P2 [...]
-        [--rounds 200] [--events 16] [--clients raw,sdk] [--warmup 10]
+        [--rounds 200] [--events 16] [--clients raw,sdk] [--warmup 10] [--prompt-chars 0]
+
+`--prompt-chars N` sends a user message of N characters of source-like text instead of "hello":
+an agent's request is tens of KB.
 """
 
 import argparse
@@ -35,6 +38,16 @@ import time
 
 KEY = b'"tm_sent_ns":'
 API_KEY = "sk-overhead-bench-0123456789"
+# The user message every request sends (`--prompt-chars`).
+PROMPT = "hello"
+
+
+def prompt_of(chars: int) -> str:
+    """`chars` characters of source-like text (lines, indentation, quotes), or "hello" for 0."""
+    if chars <= 0:
+        return "hello"
+    unit = 'def step(state, n):\n    """Advance the state."""\n    return [s + n for s in state]\n\n'
+    return (unit * (chars // len(unit) + 1))[:chars]
 
 
 def stamps(data: bytes):
@@ -56,7 +69,7 @@ def body(events: int) -> bytes:
     return json.dumps(
         {
             "model": "mock-model",
-            "messages": [{"role": "user", "content": "hello"}],
+            "messages": [{"role": "user", "content": PROMPT}],
             "max_tokens": events,
             "stream": True,
         },
@@ -217,7 +230,7 @@ class SdkClient:
         try:
             s = await self.client.chat.completions.create(
                 model="mock-model",
-                messages=[{"role": "user", "content": "hello"}],
+                messages=[{"role": "user", "content": PROMPT}],
                 max_tokens=events,
                 stream=True,
             )
@@ -360,7 +373,11 @@ def main():
     p.add_argument("--clients", default="raw,sdk")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--seed", type=int, default=None)
-    asyncio.run(run(p.parse_args()))
+    p.add_argument("--prompt-chars", type=int, default=0)
+    args = p.parse_args()
+    global PROMPT
+    PROMPT = prompt_of(args.prompt_chars)
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":
