@@ -19,7 +19,7 @@ use crate::error::ProxyError;
 use crate::fleet::{Load, Upstreams};
 use crate::fold::Fold;
 use crate::proxy::as_stream;
-use crate::proxy::body::{MeteredBody, Reading};
+use crate::proxy::body::{content_type_starts, MeteredBody, Reading};
 use crate::proxy::deferred_identity::deferred_identity;
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity;
@@ -33,7 +33,6 @@ use crate::proxy::tracker::{RequestMeta, Tracker};
 use crate::proxy::upstream_error::classify_client_error;
 use crate::proxy::ProxyBody;
 use crate::record::{Outcome, UserSource};
-use crate::sse::SseScanner;
 
 /// Handles one request; never fails (every error is an HTTP answer). `framing` is what the head
 /// sniffer found on this connection.
@@ -279,16 +278,7 @@ async fn forward(
         let index = l.index;
         // A path that makes no URI is the client's; the replica's parts are always valid.
         let Some(uri) = l.upstream.target.uri(fwd_path, query) else {
-            if let Some(clues) = unread.take() {
-                note_body(
-                    &mut tracker,
-                    &RequestInfo::parse(&body),
-                    &body,
-                    metered,
-                    clues,
-                );
-            }
-            tracker.admit();
+            admit(&mut tracker, &mut unread, &body, metered);
             return reject(
                 tracker,
                 ProxyError::bad_request("The request path is not valid."),
@@ -314,16 +304,7 @@ async fn forward(
         // sent (identification, telling the observers) runs while the upstream works on it, off
         // the path to the first token. Admitting is idempotent: a retry's attempt skips it.
         let first = std::future::poll_fn(|cx| Poll::Ready(attempt.as_mut().poll(cx))).await;
-        if let Some(clues) = unread.take() {
-            note_body(
-                &mut tracker,
-                &RequestInfo::parse(&body),
-                &body,
-                metered,
-                clues,
-            );
-        }
-        tracker.admit();
+        admit(&mut tracker, &mut unread, &body, metered);
         let answered = match first {
             Poll::Ready(r) => r,
             Poll::Pending => attempt.await,
@@ -420,7 +401,7 @@ async fn forward(
     let is_sse = content_type_starts(&rparts.headers, "text/event-stream");
     let reading = match api.filter(|_| metered) {
         None => Reading::Opaque,
-        Some(api) => reading(api.dialect(), &mut rparts, is_sse, strip_usage, cfg),
+        Some(api) => Reading::for_response(api.dialect(), &mut rparts, is_sse, strip_usage, cfg),
     };
     let idle = std::time::Duration::from_millis(cfg.timeouts.body_idle_ms);
     Response::from_parts(
@@ -429,14 +410,26 @@ async fn forward(
     )
 }
 
+/// The session's clues from the request head: the session header and Codex's turn key.
+type HeadClues = (Option<(SessionSource, String)>, Option<u64>);
+
+/// Admits the request (the observers hear of it), after reading its body's fields when they
+/// waited (`unread`) for the request to be on its way.
+fn admit(tracker: &mut Tracker, unread: &mut Option<HeadClues>, body: &Bytes, metered: bool) {
+    if let Some(clues) = unread.take() {
+        note_body(tracker, &RequestInfo::parse(body), body, metered, clues);
+    }
+    tracker.admit();
+}
+
 /// Records what the request body says: model, stream, n, the body's user and, metered, the
-/// session's clues (`clues`: the session header and Codex's turn key, from the head).
+/// session's clues.
 fn note_body(
     tracker: &mut Tracker,
     info: &RequestInfo,
     body: &Bytes,
     metered: bool,
-    clues: (Option<(SessionSource, String)>, Option<u64>),
+    clues: HeadClues,
 ) {
     let meta = tracker.meta_mut();
     meta.model = info.model.as_deref().map(Arc::from);
@@ -452,37 +445,6 @@ fn note_body(
             conversation: info.conversation.clone().map(|r| body.slice(r)),
             turn_key: clues.1,
         });
-    }
-}
-
-/// How a metered response is read: by its dialect, as events or as one JSON body.
-fn reading(
-    dialect: &'static dyn Dialect,
-    rparts: &mut http::response::Parts,
-    is_sse: bool,
-    strip_usage: bool,
-    cfg: &ServeConfig,
-) -> Reading {
-    if is_sse {
-        if strip_usage {
-            rparts.headers.remove(header::CONTENT_LENGTH);
-        }
-        Reading::Sse {
-            reader: dialect.stream_reader(),
-            scanner: SseScanner::new(cfg.max_sse_event_bytes),
-            strip_usage,
-            held: Default::default(),
-            max_held: cfg.max_sse_event_bytes,
-        }
-    } else if content_type_starts(&rparts.headers, "application/json") {
-        Reading::Json {
-            dialect,
-            copy: Vec::new(),
-            limit: cfg.max_response_scan_bytes,
-            overflow: false,
-        }
-    } else {
-        Reading::Opaque
     }
 }
 
@@ -545,12 +507,6 @@ async fn send(
 /// to forward and are refused.
 fn origin_form(uri: &Uri) -> bool {
     uri.path().starts_with('/')
-}
-
-fn content_type_starts(h: &http::HeaderMap, prefix: &str) -> bool {
-    h.get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(prefix))
 }
 
 /// Reads the whole request body within the size and time limits.
