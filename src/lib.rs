@@ -32,6 +32,8 @@ pub mod sim;
 pub mod slo;
 pub mod sse;
 mod swar;
+#[cfg(test)]
+mod test_fixtures;
 pub(crate) mod tls;
 pub mod token_curve;
 pub(crate) mod traceparent;

@@ -437,14 +437,7 @@ mod split_properties {
             "04_chat_stream_usage_continuous.http",
             "05_chat_stream_usage_n2.http",
         ] {
-            let raw = std::fs::read(
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("tests/fixtures/vllm")
-                    .join(name),
-            )
-            .unwrap();
-            let start = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-            let body = &raw[start..];
+            let body = &crate::test_fixtures::recorded_body(name)[..];
             let want = reference(body);
             assert!(want.len() >= 7, "{name}");
             assert_eq!(want.last().unwrap(), b"[DONE]");

@@ -4,17 +4,6 @@ use super::*;
 use crate::dialect::chat::CHAT;
 use crate::dialect::Dialect;
 
-fn fixture_body(name: &str) -> Vec<u8> {
-    let raw = std::fs::read(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/vllm")
-            .join(name),
-    )
-    .unwrap();
-    let start = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-    raw[start..].to_vec()
-}
-
 fn strip_all(
     body: &[u8],
     pieces: impl Iterator<Item = std::ops::Range<usize>>,
@@ -46,7 +35,7 @@ fn strip_all(
 
 #[test]
 fn usage_event_is_removed_for_every_split() {
-    let body = fixture_body("03_chat_stream_usage.http");
+    let body = crate::test_fixtures::recorded_body("03_chat_stream_usage.http");
     let text = String::from_utf8(body.clone()).unwrap();
     let expected: String = text
         .split_inclusive("\n\n")
@@ -70,7 +59,7 @@ fn frames_passed_unread_are_those_the_strip_leaves_alone() {
         "05_chat_stream_usage_n2.http",
         "07_chat_stream_stop_usage.http",
     ] {
-        let body = fixture_body(name);
+        let body = crate::test_fixtures::recorded_body(name);
         // Whole events, as vLLM writes them, and every even split.
         let mut splits: Vec<Vec<std::ops::Range<usize>>> = Vec::new();
         let text = String::from_utf8(body.clone()).unwrap();
