@@ -456,11 +456,7 @@ impl Body for MeteredBody {
                             let out = this.on_data(data, now);
                             // A body of known length is over with its last byte: hyper will not
                             // poll again, so the record is finished now, not at drop.
-                            let over = this
-                                .inner
-                                .as_ref()
-                                .is_some_and(http_body::Body::is_end_stream)
-                                && !this.holds_bytes();
+                            let over = ends && !this.holds_bytes();
                             if over {
                                 this.end(Outcome::Ok, None);
                             }

@@ -25,7 +25,6 @@ use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity;
 use crate::proxy::pool::PooledBody;
 use crate::proxy::request::{inject_include_usage, RequestInfo};
-use crate::proxy::session::SessionSource;
 use crate::proxy::sniff::Verdict;
 use crate::proxy::state::ProxyState;
 use crate::proxy::tracker::SessionClues;
@@ -184,7 +183,13 @@ async fn forward(
         .then(|| crate::proxy::session::codex_turn(&parts.headers))
         .flatten();
     tracker.meta_mut().bytes_in = body.len() as u64;
-    let clues = (session_header, turn_key);
+    // The head's clues; the body's are added when the body is read.
+    let clues = SessionClues {
+        header: session_header,
+        body: None,
+        conversation: None,
+        turn_key,
+    };
     let ups = &state.upstreams;
     let several = ups.list().len() > 1;
 
@@ -410,12 +415,9 @@ async fn forward(
     )
 }
 
-/// The session's clues from the request head: the session header and Codex's turn key.
-type HeadClues = (Option<(SessionSource, String)>, Option<u64>);
-
 /// Admits the request (the observers hear of it), after reading its body's fields when they
 /// waited (`unread`) for the request to be on its way.
-fn admit(tracker: &mut Tracker, unread: &mut Option<HeadClues>, body: &Bytes, metered: bool) {
+fn admit(tracker: &mut Tracker, unread: &mut Option<SessionClues>, body: &Bytes, metered: bool) {
     if let Some(clues) = unread.take() {
         note_body(tracker, &RequestInfo::parse(body), body, metered, clues);
     }
@@ -423,13 +425,13 @@ fn admit(tracker: &mut Tracker, unread: &mut Option<HeadClues>, body: &Bytes, me
 }
 
 /// Records what the request body says: model, stream, n, the body's user and, metered, the
-/// session's clues.
+/// session's clues (`clues`, the head's, completed with the body's).
 fn note_body(
     tracker: &mut Tracker,
     info: &RequestInfo,
     body: &Bytes,
     metered: bool,
-    clues: HeadClues,
+    clues: SessionClues,
 ) {
     let meta = tracker.meta_mut();
     meta.model = info.model.as_deref().map(Arc::from);
@@ -440,10 +442,9 @@ fn note_body(
     }
     if metered {
         tracker.set_session_clues(SessionClues {
-            header: clues.0,
             body: info.session.clone(),
             conversation: info.conversation.clone().map(|r| body.slice(r)),
-            turn_key: clues.1,
+            ..clues
         });
     }
 }
