@@ -2,7 +2,12 @@
 //! in nanoseconds, for issue 19's request shape (a streamed chat completion with an
 //! `Authorization: Bearer` key and no `stream_options`, so the proxy injects `include_usage`).
 //!
-//! `cargo bench --bench ttft_breakdown -- [--iters 2000]`
+//! `cargo bench --bench ttft_breakdown -- [--iters 2000] [--e2e-only] [--evict-mb N] [--metering-off]`
+//!
+//! With `--evict-mb N`, end to end runs cold the way agents' traffic leaves a proxy: before each
+//! request a thread on every CPU walks N MB of memory, so the caches hold none of the proxy's
+//! code or data (what the Python peers of `benches/overhead` do between two requests, minus
+//! their noise).
 //!
 //! Three parts:
 //! 1. **Stages in isolation**: each piece of `proxy::forward`'s work before the upstream request,
@@ -342,6 +347,39 @@ async fn serve_raw(mut s: tokio::net::TcpStream, stamps: Stamps) {
     }
 }
 
+/// Evicts every CPU's caches: a thread pinned to each CPU writes a byte in every 64-byte line of
+/// `buf` (its own slice of it). Data in L1/L2 and the shared LLC, and code in the unified L2 and
+/// the LLC, are replaced; the next request runs as it would after another program ran.
+fn evict(buf: &mut [u8]) {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let chunk = buf.len().div_ceil(cpus);
+    std::thread::scope(|s| {
+        for (cpu, part) in buf.chunks_mut(chunk).enumerate() {
+            s.spawn(move || {
+                pin_to(cpu);
+                // Twice over its own slice, then once over the rest is not needed: each CPU's
+                // private caches are far smaller than its slice, and the slices cover the LLC.
+                for _ in 0..2 {
+                    for line in part.chunks_mut(64) {
+                        line[0] = line[0].wrapping_add(1);
+                    }
+                }
+                black_box(&part[0]);
+            });
+        }
+    });
+}
+
+#[allow(unsafe_code)]
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it; the call reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// Sends one request on `s`; returns (sent, first event byte received), reading to the end.
 fn one(s: &mut TcpStream, head: &[u8], body: &[u8], buf: &mut Vec<u8>) -> (u64, u64) {
     buf.clear();
@@ -372,7 +410,13 @@ fn median(v: &mut [f64]) -> f64 {
 /// Part 2: request path and response path, through the proxy and direct, warm and cold, for the
 /// bench's chat request (the proxy injects `include_usage`) and, warm, for a recorded Claude Code
 /// request (`/v1/messages`, tens of KB: nothing in it is changed on the way).
-fn end_to_end(rt: &tokio::runtime::Runtime, n: usize) -> Vec<(String, f64)> {
+fn end_to_end(
+    rt: &tokio::runtime::Runtime,
+    n: usize,
+    evict_mb: usize,
+    metering: bool,
+) -> Vec<(String, f64)> {
+    let mut evicted = vec![0u8; evict_mb << 20];
     let stamps: Stamps = Arc::default();
     let up = raw_upstream(stamps.clone());
     let dir = std::env::temp_dir().join(format!("tm-ttft-breakdown-{}", std::process::id()));
@@ -381,6 +425,7 @@ fn end_to_end(rt: &tokio::runtime::Runtime, n: usize) -> Vec<(String, f64)> {
         listen: "127.0.0.1:0".into(),
         upstream: format!("http://{up}"),
         access_log: Some(dir.join("access.jsonl")),
+        metering,
         ..Default::default()
     };
     let proxy = rt
@@ -417,6 +462,9 @@ fn end_to_end(rt: &tokio::runtime::Runtime, n: usize) -> Vec<(String, f64)> {
                         s = connect();
                     }
                     stamps.lock().unwrap().clear();
+                    if evict_mb > 0 {
+                        evict(&mut evicted);
+                    }
                     let (t0, t3) = one(&mut s, head.as_bytes(), body, &mut buf);
                     let (t1, t2) = loop {
                         if let Some(&p) = stamps.lock().unwrap().first() {
@@ -519,15 +567,24 @@ fn client_paths(rt: &tokio::runtime::Runtime, n: usize) -> (f64, f64) {
 fn main() {
     let mut n = 2000;
     let mut e2e_only = false;
+    let mut evict_mb = 0;
+    let mut metering = true;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--bench" => {}
             "--e2e-only" => e2e_only = true,
+            "--metering-off" => metering = false,
+            "--evict-mb" => {
+                evict_mb = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--evict-mb N")
+            }
             "--iters" => n = args.next().and_then(|v| v.parse().ok()).expect("--iters N"),
             _ => {
                 println!(
-                    "usage: cargo bench --bench ttft_breakdown -- [--iters 2000] [--e2e-only]"
+                    "usage: cargo bench --bench ttft_breakdown -- [--iters 2000] [--e2e-only] [--evict-mb N] [--metering-off]"
                 );
                 return;
             }
@@ -551,8 +608,13 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let e2e = end_to_end(&mt, n);
-    println!("\n## End to end in process (median ns over {n} requests; raw-socket client and upstream)\n");
+    let e2e = end_to_end(&mt, n, evict_mb, metering);
+    let caches = if evict_mb > 0 {
+        format!("; every CPU's caches evicted ({evict_mb} MB walked) before each request")
+    } else {
+        String::new()
+    };
+    println!("\n## End to end in process (median ns over {n} requests; raw-socket client and upstream{caches})\n");
     println!("| path | ns |\n|---|---|");
     for (name, ns) in &e2e {
         println!("| {name} | {ns:.0} |");
