@@ -579,7 +579,7 @@ fn main() {
                 evict_mb = args
                     .next()
                     .and_then(|v| v.parse().ok())
-                    .expect("--evict-mb N")
+                    .expect("--evict-mb N");
             }
             "--iters" => n = args.next().and_then(|v| v.parse().ok()).expect("--iters N"),
             _ => {
