@@ -10,7 +10,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 
 use crate::clock::Clock;
 use crate::config::ServeConfig;
@@ -20,12 +19,12 @@ use crate::fleet::{Load, Upstreams};
 use crate::fold::Fold;
 use crate::proxy::as_stream;
 use crate::proxy::body::{content_type_starts, MeteredBody, Reading};
+use crate::proxy::client_body::ClientBody;
 use crate::proxy::deferred_identity::deferred_identity;
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity;
 use crate::proxy::pool::PooledBody;
 use crate::proxy::request::{inject_include_usage, RequestInfo};
-use crate::proxy::sniff::Verdict;
 use crate::proxy::state::ProxyState;
 use crate::proxy::tracker::SessionClues;
 use crate::proxy::tracker::{RequestMeta, Tracker};
@@ -33,18 +32,18 @@ use crate::proxy::upstream_error::classify_client_error;
 use crate::proxy::ProxyBody;
 use crate::record::{Outcome, UserSource};
 
-/// Handles one request; never fails (every error is an HTTP answer). `framing` is what the head
-/// sniffer found on this connection.
+/// Handles one request; never fails (every error is an HTTP answer). `ambiguous`: the head
+/// sniffer found this request's head, or one before it on the connection, carrying both
+/// `Content-Length` and `Transfer-Encoding` (`sniff::Verdict`).
 pub async fn handle(
     state: Arc<ProxyState>,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     remote: SocketAddr,
-    framing: Arc<Verdict>,
-) -> Result<Response<ProxyBody>, std::convert::Infallible> {
+    ambiguous: bool,
+) -> Response<ProxyBody> {
     let t0 = state.trackers.time().now();
     // Neither the body nor anything after it on this connection can be trusted: such a request
     // is refused (and recorded) before any probe, `/stats` route or body read.
-    let ambiguous = framing.next_request_is_ambiguous();
     if !ambiguous && crate::health::is_main_probe(req.uri().path()) {
         if let Some((status, body)) = state.health.probe(req.uri().path()) {
             let mut r = Response::new(ProxyBody::Full(Some(Bytes::from(body))));
@@ -53,14 +52,14 @@ pub async fn handle(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
-            return Ok(r);
+            return r;
         }
     }
     if let (Some(router), false) = (&state.stats, ambiguous) {
         let p = req.uri().path();
         if p == "/stats" || p.starts_with("/stats/") {
             // Boxed for the same reason as `forward` below.
-            return Ok(Box::pin(crate::proxy::stats_response(router.clone(), req)).await);
+            return Box::pin(crate::proxy::stats_response(router.clone(), req)).await;
         }
     }
     let mut request_id = None;
@@ -73,7 +72,7 @@ pub async fn handle(
         resp.headers_mut()
             .insert(state.request_id_header.clone(), id);
     }
-    Ok(resp)
+    resp
 }
 
 /// A client's request id is kept when it is 1 to 128 visible ASCII characters (what fits a log
@@ -90,7 +89,7 @@ fn valid_request_id(v: &HeaderValue) -> Option<&str> {
 /// the connection closed, unread (RFC 9112 §6.3: a server may reject such a message).
 async fn forward(
     state: &Arc<ProxyState>,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     remote: SocketAddr,
     t0: Instant,
     ambiguous: bool,
@@ -512,7 +511,7 @@ fn origin_form(uri: &Uri) -> bool {
 
 /// Reads the whole request body within the size and time limits.
 async fn read_body(
-    body: Incoming,
+    body: ClientBody,
     headers: &http::HeaderMap,
     cfg: &ServeConfig,
 ) -> Result<Bytes, (ProxyError, &'static str)> {

@@ -5,8 +5,10 @@
 
 mod as_stream;
 mod body;
+mod client_body;
 mod deferred_identity;
 mod forward;
+mod front_h1;
 #[doc(hidden)]
 pub mod fuzzing;
 mod h1_message;
@@ -37,7 +39,6 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::sync::oneshot;
 
 use serving::{bind_listeners, serve_on_own_thread, serving_threads, supervise, Threads};
@@ -205,7 +206,7 @@ impl Body for ProxyBody {
 /// Answers a `/stats*` request with `router`.
 pub(crate) async fn stats_response(
     router: axum::Router,
-    req: Request<Incoming>,
+    req: Request<client_body::ClientBody>,
 ) -> Response<ProxyBody> {
     use tower::ServiceExt;
     let req = req.map(axum::body::Body::new);

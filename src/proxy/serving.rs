@@ -14,9 +14,10 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinSet;
 
+use super::client_body::ClientBody;
 use super::pool::UpstreamPool;
 use super::refusal::Refusals;
-use super::{forward, sniff, Background, ProxyState};
+use super::{forward, front_h1, sniff, Background, ProxyState};
 use crate::config::ServeConfig;
 use crate::tls::UpstreamConnector;
 
@@ -137,6 +138,7 @@ pub(super) fn serve_on_own_thread(
                 let mut tasks = JoinSet::new();
                 let activity = Arc::new(Activity::default());
                 let pace = tokio::spawn(pacemaker(activity.clone()));
+                let connections_stop = stop.clone();
                 loop {
                     tokio::select! {
                         _ = stop.wait_for(|stopped| *stopped) => break,
@@ -152,44 +154,39 @@ pub(super) fn serve_on_own_thread(
                             };
                             let _ = stream.set_nodelay(true);
                             while tasks.try_join_next().is_some() {}
-                            let st = state.clone();
-                            let verdict = Arc::new(sniff::Verdict::default());
-                            let v = verdict.clone();
                             let act = activity.clone();
-                            let svc = service_fn(move |req| {
-                                act.request();
-                                forward::handle(st.clone(), req, remote, v.clone())
-                            });
-                            let max_head = state.config.max_header_bytes;
-                            // hyper's bare answer to a head it refuses is replaced by the proxy's.
-                            let refusals: Arc<dyn Refusals> = state.clone();
+                            let front = front_h1::Front {
+                                state: state.clone(),
+                                remote,
+                                stop: connections_stop.clone(),
+                                on_request: Arc::new(move || act.request()),
+                            };
+                            let fallback = Fallback {
+                                state: state.clone(),
+                                remote,
+                                builder: builder.clone(),
+                                watcher: graceful.watcher(),
+                                activity: activity.clone(),
+                            };
                             match &state.tls {
                                 None => {
-                                    let io = sniff::Sniffed::new(stream, max_head, verdict)
-                                        .with_refusals((refusals.clone(), remote));
-                                    let conn = builder.serve_connection(TokioIo::new(io), svc);
-                                    let fut = graceful.watch(conn);
-                                    tasks.spawn(async move {
-                                        let _ = fut.await;
-                                    });
+                                    tasks.spawn(front_h1::serve(stream, front, move |io| {
+                                        fallback.serve(io)
+                                    }));
                                 }
                                 Some(tls) => {
                                     // The handshake runs in the connection's task, bounded like
                                     // a request head: a client that never finishes it holds
                                     // nothing else up. Plain HTTP here fails it and is closed.
                                     let acceptor = tls.acceptor();
-                                    let watcher = graceful.watcher();
-                                    let builder = builder.clone();
                                     let limit =
                                         Duration::from_millis(state.config.timeouts.head_read_ms);
                                     tasks.spawn(async move {
                                         let hs =
                                             tokio::time::timeout(limit, acceptor.accept(stream));
                                         let Ok(Ok(tls)) = hs.await else { return };
-                                        let io = sniff::Sniffed::new(tls, max_head, verdict)
-                                            .with_refusals((refusals, remote));
-                                        let conn = builder.serve_connection(TokioIo::new(io), svc);
-                                        let _ = watcher.watch(conn).await;
+                                        front_h1::serve(tls, front, move |io| fallback.serve(io))
+                                            .await;
                                     });
                                 }
                             }
@@ -217,6 +214,50 @@ pub(super) fn serve_on_own_thread(
             drop(notice);
         })?;
     Ok(ServingThread { thread })
+}
+
+/// What serves a connection once the proxy's own front hands it over (`front_h1.rs`): hyper's
+/// server behind the head sniffer, whose refused heads get the proxy's own answer.
+struct Fallback {
+    state: Arc<ProxyState>,
+    remote: SocketAddr,
+    builder: http1::Builder,
+    watcher: hyper_util::server::graceful::Watcher,
+    activity: Arc<Activity>,
+}
+
+impl Fallback {
+    /// Serves `io` with hyper until it closes or the graceful stop ends it.
+    async fn serve<S>(self, io: S)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let Fallback {
+            state,
+            remote,
+            builder,
+            watcher,
+            activity,
+        } = self;
+        let verdict = Arc::new(sniff::Verdict::default());
+        let v = verdict.clone();
+        let st = state.clone();
+        let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+            activity.request();
+            let ambiguous = v.next_request_is_ambiguous();
+            let st = st.clone();
+            async move {
+                let req = req.map(ClientBody::Hyper);
+                Ok::<_, std::convert::Infallible>(forward::handle(st, req, remote, ambiguous).await)
+            }
+        });
+        // hyper's bare answer to a head it refuses is replaced by the proxy's.
+        let refusals: Arc<dyn Refusals> = state.clone();
+        let io = sniff::Sniffed::new(io, state.config.max_header_bytes, verdict)
+            .with_refusals((refusals, remote));
+        let conn = builder.serve_connection(TokioIo::new(io), svc);
+        let _ = watcher.watch(conn).await;
+    }
 }
 
 /// How often a serving thread's [`pacemaker`] ticks.

@@ -18,6 +18,7 @@ mod error_shapes;
 mod fleet;
 mod fold_pairs;
 mod fold_rules;
+mod front;
 mod hardening;
 mod nonstream_cost;
 mod otlp;

@@ -1,0 +1,135 @@
+//! The proxy's own HTTP/1 front (`src/proxy/front_h1.rs`): the requests it serves itself, its
+//! hand-over to hyper's server on the same connection, and its timeouts, over real sockets.
+
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const CHAT: &str = "/v1/chat/completions";
+
+/// An upstream answer: a small JSON body of known length.
+fn json_answer(n: usize) -> Script {
+    let body = format!(r#"{{"id":"r{n}","object":"chat.completion","choices":[]}}"#);
+    let raw = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    Script {
+        steps: vec![Step::Raw(Duration::ZERO, raw.into_bytes())],
+    }
+}
+
+fn post(body: &str, extra: &str) -> String {
+    format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[tokio::test]
+async fn late_bodies_pipelined_requests_and_a_hand_over_share_one_connection_in_order() {
+    let mut up = FakeUpstream::start((0..4).map(json_answer).collect()).await;
+    let proxy = TestProxy::start(&up.url(), |_| {}).await;
+    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+    // 1: the head first, its body 50 ms later (the front has the head and awaits the body).
+    let first = post(r#"{"model":"m","n":1}"#, "");
+    let cut = first.find("\r\n\r\n").unwrap() + 4;
+    c.write_all(&first.as_bytes()[..cut]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    c.write_all(&first.as_bytes()[cut..]).await.unwrap();
+    // 2 and 3 pipelined in one write; 4 chunked, which the front hands to hyper's server, and
+    // `connection: close` so that the answers end with the connection.
+    let mut rest = post(r#"{"model":"m","n":2}"#, "");
+    rest.push_str(&post(r#"{"model":"m","n":3}"#, ""));
+    let last = r#"{"model":"m","n":4}"#;
+    rest.push_str(&format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{last}\r\n0\r\n\r\n",
+        last.len()
+    ));
+    c.write_all(rest.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut raw))
+        .await
+        .expect("the proxy closes after the last answer")
+        .unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let ids: Vec<&str> = text
+        .match_indices(r#""id":"r"#)
+        .map(|(i, _)| &text[i + 6..i + 8])
+        .collect();
+    assert_eq!(ids, ["r0", "r1", "r2", "r3"], "{text}");
+    assert_eq!(text.matches("HTTP/1.1 200 OK\r\n").count(), 4, "{text}");
+    for n in 1..=4 {
+        let seen = up.seen.recv().await.unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&seen.body).unwrap();
+        assert_eq!(body["n"], n, "upstream request {n} in order");
+    }
+    let lines = proxy.finish().await;
+    assert_eq!(lines.len(), 4);
+    assert!(lines.iter().all(|l| l["status"] == 200), "{lines:?}");
+}
+
+#[tokio::test]
+async fn a_response_from_the_front_is_framed_and_dated_as_hyper_frames_it() {
+    let up = FakeUpstream::start(vec![json_answer(0)]).await;
+    let proxy = TestProxy::start(&up.url(), |_| {}).await;
+    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+    c.write_all(post(r#"{"model":"m"}"#, "connection: keep-alive\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut raw = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    let got = parse_response(&raw[..n]);
+    assert_eq!(got.status, 200);
+    let head = String::from_utf8_lossy(&raw[..n]).to_ascii_lowercase();
+    assert!(head.contains("\r\ncontent-length: "), "{head}");
+    assert!(head.contains("\r\ndate: "), "{head}");
+    assert!(head.contains("\r\nx-request-id: "), "{head}");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_at_the_head_read_timeout() {
+    let up = FakeUpstream::start(vec![json_answer(0)]).await;
+    let proxy = TestProxy::start(&up.url(), |c| c.timeouts.head_read_ms = 200).await;
+    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+    c.write_all(post(r#"{"model":"m"}"#, "").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = c.read(&mut buf).await.unwrap();
+    assert_eq!(parse_response(&buf[..n]).status, 200);
+    let idle = Instant::now();
+    let read = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+        .await
+        .expect("closed well before 5 s");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    let after = idle.elapsed();
+    assert!(
+        after >= Duration::from_millis(150) && after < Duration::from_millis(1500),
+        "{after:?}"
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_gone_mid_body_is_recorded_and_nothing_goes_upstream() {
+    let mut up = FakeUpstream::start(vec![json_answer(0)]).await;
+    let proxy = TestProxy::start(&up.url(), |_| {}).await;
+    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+    let whole = post(r#"{"model":"m","messages":[]}"#, "");
+    c.write_all(&whole.as_bytes()[..whole.len() - 5])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(c);
+    let lines = proxy.finish().await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["outcome"], "client_error", "{lines:?}");
+    assert!(up.seen.try_recv().is_err());
+}
