@@ -88,16 +88,9 @@ pub(crate) fn content_type_starts(h: &http::HeaderMap, prefix: &str) -> bool {
 }
 
 /// A body frame arrived too late.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("upstream body idle timeout")]
 struct IdleTimeout;
-
-impl std::fmt::Display for IdleTimeout {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("upstream body idle timeout")
-    }
-}
-
-impl std::error::Error for IdleTimeout {}
 
 /// A body the upstream cut short, on its way to the client.
 enum Cut {

@@ -24,16 +24,9 @@ pub enum ClientBody {
 }
 
 /// The client closed its connection before its body's end.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("the client closed the connection before the request body's end")]
 struct Incomplete;
-
-impl std::fmt::Display for Incomplete {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the client closed the connection before the request body's end")
-    }
-}
-
-impl std::error::Error for Incomplete {}
 
 impl Body for ClientBody {
     type Data = Bytes;
