@@ -137,9 +137,9 @@ where
         // Gone while the upstream worked: dropping the handler cancels its upstream request.
         let Some(response) = answered else { return };
         let reusable = arriving.is_none() && !body_cut;
-        let stopping = *front.stop.borrow();
         let keep = respond(&mut io, &mut buf, &mut out, response, max_head).await;
-        if !(keep && reusable) || stopping || *front.stop.borrow() {
+        // A stop that came while this request ran closes the connection after its response.
+        if !(keep && reusable) || *front.stop.borrow() {
             let _ = io.shutdown().await;
             return;
         }
