@@ -27,13 +27,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{oneshot, watch};
 
 use super::client_body::ClientBody;
+use super::pacemaker::Activity;
 use super::{forward, ProxyBody, ProxyState};
 
 /// Headers parsed per head: hyper's limit (a head with more is hyper's to refuse).
@@ -50,16 +51,17 @@ pub(super) struct Front {
     pub remote: SocketAddr,
     /// Becomes true when the proxy stops: no new request is taken.
     pub stop: watch::Receiver<bool>,
-    /// Called as each request starts (the serving thread's pacemaker).
-    pub on_request: Arc<dyn Fn() + Send + Sync>,
+    /// The serving thread's request count (its pacemaker's).
+    pub activity: Arc<Activity>,
 }
 
 /// Serves `io` until the client closes, a timeout or the stop; or hands it to `hand_over`
-/// (hyper's server) at the first request this module does not serve.
+/// (hyper's server) at the first request this module does not serve, with the bytes of that
+/// request read so far and the connection's `Front` back.
 pub(super) async fn serve<S, F, Fut>(mut io: S, mut front: Front, hand_over: F)
 where
     S: AsyncRead + AsyncWrite + Unpin,
-    F: FnOnce(Rewind<S>) -> Fut,
+    F: FnOnce(S, Bytes, Front) -> Fut,
     Fut: Future<Output = ()>,
 {
     let cfg = &front.state.config;
@@ -89,14 +91,14 @@ where
                 method,
             } => (head_len, body_len, method),
             Parsed::Partial | Parsed::Other => {
-                return hand_over(Rewind::new(buf.freeze(), io)).await;
+                return hand_over(io, buf.freeze(), front).await;
             }
         };
         let head = buf.split_to(head_len).freeze();
         let Some(request) = build(&head, method, &spans) else {
             let mut all = BytesMut::from(&head[..]);
             all.extend_from_slice(&buf);
-            return hand_over(Rewind::new(all.freeze(), io)).await;
+            return hand_over(io, all.freeze(), front).await;
         };
         // The body: whole already (the usual case on loopback), else sent on when it is.
         let mut arriving = None;
@@ -108,7 +110,7 @@ where
             arriving = Some(tx);
             ClientBody::Arriving(rx)
         };
-        (front.on_request)();
+        front.activity.request();
         let call = forward::handle(
             front.state.clone(),
             request.map(|()| body),
@@ -120,7 +122,7 @@ where
         let mut body_cut = false;
         let answered = poll_fn(|cx| {
             if let Some(tx) = arriving.take() {
-                match poll_fill(&mut io, &mut buf, body_len, cx) {
+                match poll_read_to(&mut io, &mut buf, body_len, usize::MAX, cx) {
                     Poll::Ready(true) => {
                         let _ = tx.send(buf.split_to(body_len).freeze());
                     }
@@ -248,16 +250,17 @@ fn build(head: &Bytes, method: Method, spans: &[Span]) -> Option<Request<()>> {
     Some(req)
 }
 
-/// Reads until `buf` holds `len` bytes: `Ready(true)` then, `Ready(false)` when the client
-/// closed or failed first.
-fn poll_fill<S: AsyncRead + Unpin>(
+/// Reads until `buf` holds `len` bytes, asking for at most `step` bytes of room at a time:
+/// `Ready(true)` then, `Ready(false)` when the client closed or failed first.
+fn poll_read_to<S: AsyncRead + Unpin>(
     io: &mut S,
     buf: &mut BytesMut,
     len: usize,
+    step: usize,
     cx: &mut Context<'_>,
 ) -> Poll<bool> {
     while buf.len() < len {
-        buf.reserve(len - buf.len());
+        buf.reserve(step.min(len - buf.len()));
         match tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, buf) {
             Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(false),
             Poll::Ready(Ok(_)) => {}
@@ -275,15 +278,7 @@ fn client_gone<S: AsyncRead + Unpin>(
     cap: usize,
     cx: &mut Context<'_>,
 ) -> bool {
-    while buf.len() < cap {
-        buf.reserve(READ_BYTES.min(cap - buf.len()));
-        match tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, buf) {
-            Poll::Ready(Ok(0) | Err(_)) => return true,
-            Poll::Ready(Ok(_)) => {}
-            Poll::Pending => return false,
-        }
-    }
-    false
+    poll_read_to(io, buf, cap, READ_BYTES, cx) == Poll::Ready(false)
 }
 
 /// What the response body gave, or that the client went away while it was awaited.
@@ -494,63 +489,4 @@ fn http_date(out: &mut Vec<u8>) {
         }
         out.extend_from_slice(text.as_bytes());
     });
-}
-
-/// A connection whose first bytes were already read: they are read again first.
-pub(super) struct Rewind<S> {
-    read: Bytes,
-    inner: S,
-}
-
-impl<S> Rewind<S> {
-    fn new(read: Bytes, inner: S) -> Rewind<S> {
-        Rewind { read, inner }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let me = self.get_mut();
-        if me.read.is_empty() {
-            return Pin::new(&mut me.inner).poll_read(cx, buf);
-        }
-        let n = me.read.len().min(buf.remaining());
-        buf.put_slice(&me.read[..n]);
-        me.read.advance(n);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, data)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
 }

@@ -16,6 +16,7 @@ mod headers;
 pub mod identity;
 mod in_flight;
 mod live_users;
+mod pacemaker;
 mod pool;
 pub(crate) mod refusal;
 pub mod request;

@@ -3,7 +3,6 @@
 //! supervisor, and the drain at shutdown.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,10 +10,11 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
 use super::client_body::ClientBody;
+use super::pacemaker::{pacemaker, Activity};
 use super::pool::UpstreamPool;
 use super::refusal::Refusals;
 use super::{forward, front_h1, sniff, Background, ProxyState};
@@ -154,24 +154,20 @@ pub(super) fn serve_on_own_thread(
                             };
                             let _ = stream.set_nodelay(true);
                             while tasks.try_join_next().is_some() {}
-                            let act = activity.clone();
                             let front = front_h1::Front {
                                 state: state.clone(),
                                 remote,
                                 stop: connections_stop.clone(),
-                                on_request: Arc::new(move || act.request()),
+                                activity: activity.clone(),
                             };
                             let fallback = Fallback {
-                                state: state.clone(),
-                                remote,
                                 builder: builder.clone(),
                                 watcher: graceful.watcher(),
-                                activity: activity.clone(),
                             };
                             match &state.tls {
                                 None => {
-                                    tasks.spawn(front_h1::serve(stream, front, move |io| {
-                                        fallback.serve(io)
+                                    tasks.spawn(front_h1::serve(stream, front, move |io, read, front| {
+                                        fallback.serve(io, read, front)
                                     }));
                                 }
                                 Some(tls) => {
@@ -185,8 +181,10 @@ pub(super) fn serve_on_own_thread(
                                         let hs =
                                             tokio::time::timeout(limit, acceptor.accept(stream));
                                         let Ok(Ok(tls)) = hs.await else { return };
-                                        front_h1::serve(tls, front, move |io| fallback.serve(io))
-                                            .await;
+                                        front_h1::serve(tls, front, move |io, read, front| {
+                                            fallback.serve(io, read, front)
+                                        })
+                                        .await;
                                     });
                                 }
                             }
@@ -219,26 +217,23 @@ pub(super) fn serve_on_own_thread(
 /// What serves a connection once the proxy's own front hands it over (`front_h1.rs`): hyper's
 /// server behind the head sniffer, whose refused heads get the proxy's own answer.
 struct Fallback {
-    state: Arc<ProxyState>,
-    remote: SocketAddr,
     builder: http1::Builder,
     watcher: hyper_util::server::graceful::Watcher,
-    activity: Arc<Activity>,
 }
 
 impl Fallback {
-    /// Serves `io` with hyper until it closes or the graceful stop ends it.
-    async fn serve<S>(self, io: S)
+    /// Serves `io`, whose bytes `read` the front already took off it, with hyper until it
+    /// closes or the graceful stop ends it.
+    async fn serve<S>(self, io: S, read: bytes::Bytes, front: front_h1::Front)
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let Fallback {
+        let front_h1::Front {
             state,
             remote,
-            builder,
-            watcher,
             activity,
-        } = self;
+            ..
+        } = front;
         let verdict = Arc::new(sniff::Verdict::default());
         let v = verdict.clone();
         let st = state.clone();
@@ -254,56 +249,10 @@ impl Fallback {
         // hyper's bare answer to a head it refuses is replaced by the proxy's.
         let refusals: Arc<dyn Refusals> = state.clone();
         let io = sniff::Sniffed::new(io, state.config.max_header_bytes, verdict)
+            .with_already_read(read)
             .with_refusals((refusals, remote));
-        let conn = builder.serve_connection(TokioIo::new(io), svc);
-        let _ = watcher.watch(conn).await;
-    }
-}
-
-/// How often a serving thread's [`pacemaker`] ticks.
-const PACE: Duration = Duration::from_millis(500);
-
-/// Keeps a timer due within [`PACE`] pending on a serving thread's runtime while the thread
-/// serves requests. Tokio wakes its own I/O driver (an eventfd write, then one more
-/// `epoll_wait`) whenever a timer is armed that is due sooner than every pending one; hyper arms
-/// its head-read timer each time a keep-alive connection waits for its next request, and the
-/// request and body timers are armed per request, so without a nearer timer most requests paid
-/// those two system calls (an eventfd write per streamed request, seen with strace). With this tick pending, no per-request timer is ever the soonest. A tick is not
-/// free either (three `epoll_wait`s and an eventfd write per tick), so after a
-/// tick with no new request it stops until the next request: an idle proxy's serving threads
-/// sleep, whether or not clients keep connections open, and only the first request after a quiet
-/// tick pays the two system calls.
-async fn pacemaker(activity: Arc<Activity>) {
-    let mut seen = activity.requests.load(Ordering::Relaxed);
-    loop {
-        tokio::time::sleep(PACE).await;
-        let now = activity.requests.load(Ordering::Relaxed);
-        if now == seen {
-            // Everything on this thread runs on this runtime, one task at a time: no request
-            // can slip in between this check and the wait.
-            activity.parked.store(true, Ordering::Relaxed);
-            activity.wake.notified().await;
-        }
-        seen = activity.requests.load(Ordering::Relaxed);
-    }
-}
-
-/// The requests a serving thread has started, for its [`pacemaker`].
-#[derive(Default)]
-struct Activity {
-    requests: AtomicU64,
-    /// The pacemaker waits for the next request.
-    parked: AtomicBool,
-    wake: Notify,
-}
-
-impl Activity {
-    /// A request started on this thread: wakes the pacemaker if it rests.
-    fn request(&self) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        if self.parked.swap(false, Ordering::Relaxed) {
-            self.wake.notify_one();
-        }
+        let conn = self.builder.serve_connection(TokioIo::new(io), svc);
+        let _ = self.watcher.watch(conn).await;
     }
 }
 

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::refusal::{is_automatic_answer, Hook, Refused};
@@ -84,6 +85,8 @@ enum Chunk {
 /// hyper's bare answer to a head it refuses, which the refusal hook replaces (`refusal.rs`).
 pub struct Sniffed<S> {
     inner: S,
+    /// Bytes of this connection read before the sniffer was put on it, read again first.
+    already_read: Bytes,
     state: State,
     /// Bytes of a head that arrived in pieces (empty in the usual case of a head in one read).
     pending: Vec<u8>,
@@ -104,6 +107,7 @@ impl<S> Sniffed<S> {
     pub fn new(inner: S, max_head: usize, verdict: Arc<Verdict>) -> Sniffed<S> {
         Sniffed {
             inner,
+            already_read: Bytes::new(),
             state: State::Head,
             pending: Vec::new(),
             max_head,
@@ -113,6 +117,13 @@ impl<S> Sniffed<S> {
             hook: None,
             replacing: None,
         }
+    }
+
+    /// Reads `read` (what the connection's reader before this one took off the socket, from the
+    /// start of a request) before the socket, and sniffs it like any read.
+    pub fn with_already_read(mut self, read: Bytes) -> Sniffed<S> {
+        self.already_read = read;
+        self
     }
 
     /// Answers the heads hyper refuses through `hook` (the proxy's JSON error and a record)
@@ -346,6 +357,15 @@ impl<S: AsyncRead + Unpin> AsyncRead for Sniffed<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let me = self.get_mut();
+        if !me.already_read.is_empty() {
+            let n = me.already_read.len().min(buf.remaining());
+            let read = me.already_read.split_to(n);
+            buf.put_slice(&read);
+            if me.state != State::Blind {
+                me.feed(&read);
+            }
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let r = Pin::new(&mut me.inner).poll_read(cx, buf);
         if r.is_ready() && me.state != State::Blind {
