@@ -2,7 +2,7 @@
 //! in nanoseconds, for issue 19's request shape (a streamed chat completion with an
 //! `Authorization: Bearer` key and no `stream_options`, so the proxy injects `include_usage`).
 //!
-//! `cargo bench --bench ttft_breakdown -- [--iters 2000] [--e2e-only] [--evict-mb N] [--metering-off]`
+//! `cargo bench --bench ttft_breakdown -- [--iters 2000] [--e2e-only] [--evict-mb N] [--metering-off] [--nginx PATH|none]`
 //!
 //! With `--evict-mb N`, end to end runs cold the way agents' traffic leaves a proxy: before each
 //! request a thread on every CPU walks N MB of memory, so the caches hold none of the proxy's
@@ -18,7 +18,8 @@
 //!    raw-socket client stamps send and first byte. From CLOCK_MONOTONIC on every side:
 //!    request path = upstream saw the request − client sent it; response path = client got the
 //!    first byte − upstream wrote it; each minus the same quantity with the client talking to the
-//!    upstream directly. Warm (one keep-alive connection) and cold (a new client connection per
+//!    upstream directly. nginx (one worker, access log on, the overhead harness's configuration)
+//!    is measured the same way when it is installed, so the two proxies compare in one run. Warm (one keep-alive connection) and cold (a new client connection per
 //!    request, the proxy's upstream pool warm: adds the accept, on the serving thread whose
 //!    listener the kernel picked).
 //! 3. **The upstream round trip**: request sent -> first body frame through hyper-util's pooled
@@ -29,6 +30,9 @@
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "overhead/procs.rs"]
+#[allow(dead_code)]
+mod procs;
 mod support;
 
 use std::hint::black_box;
@@ -415,6 +419,7 @@ fn end_to_end(
     n: usize,
     evict_mb: usize,
     metering: bool,
+    nginx: Option<&std::path::Path>,
 ) -> Vec<(String, f64)> {
     let mut evicted = vec![0u8; evict_mb << 20];
     let stamps: Stamps = Arc::default();
@@ -432,6 +437,21 @@ fn end_to_end(
         .block_on(tokenmeter::app::spawn(config, Vec::new()))
         .unwrap();
     let px = proxy.addr();
+    let mut arms = vec![("direct", up)];
+    // Killed when this function returns.
+    let mut _nginx_proc = None;
+    if let Some(bin) = nginx {
+        let ndir = dir.join("nginx");
+        std::fs::create_dir_all(&ndir).unwrap();
+        match procs::start_nginx(&ndir, "1", bin, up) {
+            Ok((p, addr)) => {
+                _nginx_proc = Some(p);
+                arms.push(("nginx", addr));
+            }
+            Err(e) => println!("note: nginx did not start ({e}): its arm is skipped"),
+        }
+    }
+    arms.push(("tokenmeter", px));
     let mut out = Vec::new();
     let mut buf = Vec::new();
     let claude = agent_body("claude/006_request.json");
@@ -444,28 +464,39 @@ fn end_to_end(
             &[false],
         ),
     ];
-    for (arm, addr) in [("direct", up), ("tokenmeter", px)] {
-        for &(request, path, body, kinds) in &requests {
-            for &cold in kinds {
-                let head = request_head(&addr.to_string(), path, body.len());
-                let mut req_path = Vec::new();
-                let mut resp_path = Vec::new();
-                let mut total = Vec::new();
-                let connect = || {
-                    let s = TcpStream::connect(addr).unwrap();
-                    s.set_nodelay(true).unwrap();
-                    s
-                };
-                let mut s = connect();
-                for i in 0..n + 50 {
+    // Arms interleave, one request each in turn (the order rotating), so a drift of the machine
+    // reaches every arm alike.
+    for &(request, path, body, kinds) in &requests {
+        // nginx holds a body past its 16 KB buffer in a file before it sends it on: the large
+        // request measures that, not the proxying.
+        let arms: Vec<_> = arms
+            .iter()
+            .filter(|(arm, _)| body.len() < 16 << 10 || *arm != "nginx")
+            .collect();
+        for &cold in kinds {
+            let connect = |addr: SocketAddr| {
+                let s = TcpStream::connect(addr).unwrap();
+                s.set_nodelay(true).unwrap();
+                s
+            };
+            let heads: Vec<String> = arms
+                .iter()
+                .map(|(_, addr)| request_head(&addr.to_string(), path, body.len()))
+                .collect();
+            let mut conns: Vec<TcpStream> = arms.iter().map(|(_, addr)| connect(*addr)).collect();
+            // Per arm: request path, response path, total.
+            let mut times = vec![[Vec::new(), Vec::new(), Vec::new()]; arms.len()];
+            for i in 0..n + 50 {
+                for k in 0..arms.len() {
+                    let a = (i + k) % arms.len();
                     if cold {
-                        s = connect();
+                        conns[a] = connect(arms[a].1);
                     }
                     stamps.lock().unwrap().clear();
                     if evict_mb > 0 {
                         evict(&mut evicted);
                     }
-                    let (t0, t3) = one(&mut s, head.as_bytes(), body, &mut buf);
+                    let (t0, t3) = one(&mut conns[a], heads[a].as_bytes(), body, &mut buf);
                     let (t1, t2) = loop {
                         if let Some(&p) = stamps.lock().unwrap().first() {
                             break p;
@@ -473,26 +504,24 @@ fn end_to_end(
                         std::thread::sleep(Duration::from_micros(50));
                     };
                     if i >= 50 {
-                        req_path.push((t1 - t0) as f64);
-                        resp_path.push((t3 - t2) as f64);
-                        total.push((t3 - t0) as f64);
+                        times[a][0].push((t1 - t0) as f64);
+                        times[a][1].push((t3 - t2) as f64);
+                        times[a][2].push((t3 - t0) as f64);
                     }
                 }
-                let kind = if cold { "cold" } else { "warm" };
-                out.push((
-                    format!("{arm} {kind}{request}: request path (client sent -> upstream read)"),
-                    median(&mut req_path),
-                ));
-                out.push((
-                    format!(
-                    "{arm} {kind}{request}: response path (upstream wrote -> client first byte)"
-                ),
-                    median(&mut resp_path),
-                ));
-                out.push((
-                    format!("{arm} {kind}{request}: total (client sent -> first byte)"),
-                    median(&mut total),
-                ));
+            }
+            let kind = if cold { "cold" } else { "warm" };
+            for ((arm, _), [req_path, resp_path, total]) in arms.iter().zip(&mut times) {
+                for (what, v) in [
+                    ("request path (client sent -> upstream read)", req_path),
+                    (
+                        "response path (upstream wrote -> client first byte)",
+                        resp_path,
+                    ),
+                    ("total (client sent -> first byte)", total),
+                ] {
+                    out.push((format!("{arm} {kind}{request}: {what}"), median(v)));
+                }
             }
         }
     }
@@ -569,6 +598,7 @@ fn main() {
     let mut e2e_only = false;
     let mut evict_mb = 0;
     let mut metering = true;
+    let mut nginx = Some(std::path::PathBuf::from("/usr/sbin/nginx")).filter(|p| p.exists());
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -581,10 +611,14 @@ fn main() {
                     .and_then(|v| v.parse().ok())
                     .expect("--evict-mb N");
             }
+            "--nginx" => {
+                let v = args.next().expect("--nginx PATH|none");
+                nginx = (v != "none").then(|| v.into());
+            }
             "--iters" => n = args.next().and_then(|v| v.parse().ok()).expect("--iters N"),
             _ => {
                 println!(
-                    "usage: cargo bench --bench ttft_breakdown -- [--iters 2000] [--e2e-only] [--evict-mb N] [--metering-off]"
+                    "usage: cargo bench --bench ttft_breakdown -- [--iters 2000] [--e2e-only] [--evict-mb N] [--metering-off] [--nginx PATH|none]"
                 );
                 return;
             }
@@ -608,7 +642,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let e2e = end_to_end(&mt, n, evict_mb, metering);
+    let e2e = end_to_end(&mt, n, evict_mb, metering, nginx.as_deref());
     let caches = if evict_mb > 0 {
         format!("; every CPU's caches evicted ({evict_mb} MB walked) before each request")
     } else {
@@ -624,16 +658,25 @@ fn main() {
             .find(|(n, _)| n == k)
             .map_or(f64::NAN, |(_, v)| *v)
     };
-    println!("\n## Added by tokenmeter (median through the proxy − median direct, ns)\n");
-    println!("| | warm | cold |\n|---|---|---|");
+    println!("\n## Added by each proxy (median through it − median direct, ns)\n");
+    println!(
+        "| | tokenmeter warm | nginx warm | tokenmeter cold | nginx cold |\n|---|---|---|---|---|"
+    );
     for part in [
         "request path (client sent -> upstream read)",
         "response path (upstream wrote -> client first byte)",
         "total (client sent -> first byte)",
     ] {
-        let d =
-            |k: &str| get(&format!("tokenmeter {k}: {part}")) - get(&format!("direct {k}: {part}"));
-        println!("| {part} | {:.0} | {:.0} |", d("warm"), d("cold"));
+        let d = |arm: &str, k: &str| {
+            get(&format!("{arm} {k}: {part}")) - get(&format!("direct {k}: {part}"))
+        };
+        println!(
+            "| {part} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            d("tokenmeter", "warm"),
+            d("nginx", "warm"),
+            d("tokenmeter", "cold"),
+            d("nginx", "cold")
+        );
     }
     let (pooled, own) = client_paths(&rt, n);
     println!("\n## Upstream round trip, request sent -> first frame (median ns over {n})\n");

@@ -130,20 +130,26 @@ error_log {d}/nginx-error.log warn;\nevents {{ worker_connections 30000; }}\nhtt
     )
 }
 
-/// Starts nginx in front of `sim` with its own prefix and config under `spec.dir`.
-fn start_nginx(spec: &EnvSpec, bin: &Path, sim: SocketAddr) -> anyhow::Result<(Proc, SocketAddr)> {
+/// Starts nginx (`worker_processes` = `workers`) in front of `sim`, with its own prefix and
+/// config under `dir`.
+pub fn start_nginx(
+    dir: &Path,
+    workers: &str,
+    bin: &Path,
+    sim: SocketAddr,
+) -> anyhow::Result<(Proc, SocketAddr)> {
     let addr = free_port()?;
-    let conf = spec.dir.join("nginx.conf");
-    std::fs::write(&conf, nginx_conf(spec.dir, addr, sim, spec.nginx_workers))?;
+    let conf = dir.join("nginx.conf");
+    std::fs::write(&conf, nginx_conf(dir, addr, sim, workers))?;
     let child = Command::new(bin)
         .arg("-p")
-        .arg(spec.dir)
+        .arg(dir)
         .arg("-c")
         .arg(&conf)
         .arg("-e")
-        .arg(spec.dir.join("nginx-error.log"))
+        .arg(dir.join("nginx-error.log"))
         .stdout(Stdio::null())
-        .stderr(log_file(spec.dir, "nginx.stderr")?)
+        .stderr(log_file(dir, "nginx.stderr")?)
         .spawn()?;
     // Killed on drop, also when it never becomes ready.
     let proc = Proc { child };
@@ -217,7 +223,7 @@ impl Env {
         };
         let mut nginx = None;
         if let Some(bin) = spec.nginx {
-            match start_nginx(spec, bin, sim) {
+            match start_nginx(spec.dir, spec.nginx_workers, bin, sim) {
                 Ok((proc, addr)) => {
                     let master = proc.child.id();
                     procs.push(proc);

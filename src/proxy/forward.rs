@@ -114,7 +114,7 @@ async fn forward(
         user: Arc::from(""),
         user_source: UserSource::Ip,
         model: None,
-        method: parts.method.to_string(),
+        method: parts.method.as_str().to_owned(),
         path: parts.uri.path().to_string(),
         client_request_id: client_id,
         user_agent: None,
@@ -522,6 +522,14 @@ async fn read_body(
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
         return Err((ProxyError::too_large(limit), "request body over the limit"));
+    }
+    // Read whole by the front: nothing to wait for, and no collecting.
+    if let ClientBody::Read(whole) = body {
+        let whole = whole.unwrap_or_default();
+        if whole.len() as u64 > limit {
+            return Err((ProxyError::too_large(limit), "request body over the limit"));
+        }
+        return Ok(whole);
     }
     let timeout = std::time::Duration::from_millis(cfg.timeouts.request_body_ms);
     let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));

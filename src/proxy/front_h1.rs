@@ -121,6 +121,7 @@ where
         // The handler runs while the rest of the body arrives and the client is watched.
         let mut body_cut = false;
         let answered = poll_fn(|cx| {
+            let body_whole = arriving.is_none();
             if let Some(tx) = arriving.take() {
                 match poll_read_to(&mut io, &mut buf, body_len, usize::MAX, cx) {
                     Poll::Ready(true) => {
@@ -130,10 +131,16 @@ where
                     Poll::Ready(false) => body_cut = true,
                     Poll::Pending => arriving = Some(tx),
                 }
-            } else if !body_cut && client_gone(&mut io, &mut buf, max_head, cx) {
+            }
+            if let Poll::Ready(response) = call.as_mut().poll(cx) {
+                return Poll::Ready(Some(response));
+            }
+            // Watched after the handler's poll, which sends the request on: the watch's read
+            // buffer (a new allocation while the request's bytes are in use) is not on the way.
+            if body_whole && !body_cut && client_gone(&mut io, &mut buf, max_head, cx) {
                 return Poll::Ready(None);
             }
-            call.as_mut().poll(cx).map(Some)
+            Poll::Pending
         })
         .await;
         // Gone while the upstream worked: dropping the handler cancels its upstream request.

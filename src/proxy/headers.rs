@@ -28,6 +28,12 @@ pub(crate) fn list_elements<'a>(
 
 /// Removes hop-by-hop headers: the fixed set, every `Proxy-*` header, and those `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most heads carry none, which one pass over the names tells (a name listed in `Connection`
+    // comes with `Connection`, one of the fixed set).
+    let hop_by_hop = |k: &HeaderName| HOP_BY_HOP.contains(k) || k.as_str().starts_with("proxy-");
+    if !headers.keys().any(hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = list_elements(headers, &header::CONNECTION)
         .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect();
