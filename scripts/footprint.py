@@ -10,9 +10,10 @@ Three windows, each over the same keep-alive chat stream request (a bearer key, 
 `stream_options`, as the overhead benchmark's Python peers send it), through the simulator:
 
 - `tokenmeter handler`: the request's handler (`forward::handle`) and the front's build of its
-  head, less what the toggles can cut out of what runs after the upstream write (the admission
-  and its identification, the response head's parse, the metered body's setup): about the work
-  between the client's request and the upstream write;
+  head, less what the toggles can cut out of what runs after the upstream write (the admission,
+  the identification, the response head's parse and framing, its hop-by-hop fields, the metered
+  body's setup): about the work between the client's request and the upstream write (the
+  front's parse of the head, inlined in its loop, is not in it);
 - `tokenmeter whole`: everything the process runs per request, all threads;
 - `nginx whole`: the same for nginx (one worker, no master, access log on), when installed.
 
@@ -20,7 +21,7 @@ A line counts when an instruction in it ran in at least half of the requests (a 
 timer that fires once in the run does not).
 
     scripts/footprint.py [--bin target/release/tokenmeter] [--nginx /usr/sbin/nginx|none]
-                         [--requests 200] [--top 25]
+                         [--requests 200] [--top 25] [--post-write f1,f2]
 """
 
 import argparse
@@ -45,7 +46,11 @@ HANDLER_TOGGLES = [
     "tokenmeter::proxy::upstream_h1::H1Conn<T>::poll_parse_head",
     "tokenmeter::proxy::body::MeteredBody::new",
     "tokenmeter::proxy::body::Reading::for_response",
+    "tokenmeter::proxy::h1_message::frame_head",
+    "tokenmeter::proxy::body::content_type_starts",
 ]
+# What runs after the upstream write in this build but before it in older ones (`--post-write`).
+POST_WRITE = "headers::strip_hop_by_hop,deferred_identity::deferred_identity"
 
 
 def free_port():
@@ -159,6 +164,9 @@ def main():
     ap.add_argument("--nginx", default="/usr/sbin/nginx")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--post-write", default=POST_WRITE,
+                    help="functions of tokenmeter::proxy (comma-separated) that run after the "
+                    "upstream write in the build measured; '' for a build before 856780a")
     o = ap.parse_args()
     if not shutil.which("valgrind"):
         sys.exit("footprint.py: valgrind is not installed")
@@ -171,7 +179,8 @@ def main():
     try:
         wait_port(sim_port, "the simulator")
         env = dict(os.environ, TOKENMETER_LOG="warn")
-        for name, toggles in (("handler", HANDLER_TOGGLES), ("whole", None)):
+        post = [f"tokenmeter::proxy::{f}" for f in o.post_write.split(",") if f]
+        for name, toggles in (("handler", HANDLER_TOGGLES + post), ("whole", None)):
             port = free_port()
             cmd = [o.bin, "serve", "--listen", f"127.0.0.1:{port}", "--upstream",
                    f"http://127.0.0.1:{sim_port}", "--access-log",

@@ -10,6 +10,9 @@ use crate::proxy::identity::{self, Clues};
 use crate::proxy::tracker::{DeferredIdentity, RequestMeta};
 use crate::traceparent::TraceParent;
 
+/// W3C Trace Context's field.
+static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+
 /// Fills a request's identity, user agent and trace from the head's fields that say them, kept
 /// (reference-counted, not copied) before the head is edited for the upstream: the forwarder
 /// runs it once the request is on its way ([`Tracker::defer_identity`]).
@@ -25,8 +28,8 @@ pub fn deferred_identity(
         let n = name.as_str();
         if name == header::AUTHORIZATION
             || name == header::USER_AGENT
-            || n == identity::X_API_KEY
-            || n == "traceparent"
+            || *name == identity::X_API_KEY
+            || *name == TRACEPARENT
             || n.eq_ignore_ascii_case(&users.header)
         {
             kept.append(name.clone(), v.clone());
@@ -49,7 +52,7 @@ pub fn deferred_identity(
         meta.user_agent = user_agent(&kept);
         meta.client_ip = log_client_ip.then(|| remote.ip().to_string());
         meta.trace = kept
-            .get("traceparent")
+            .get(&TRACEPARENT)
             .and_then(|v| TraceParent::parse(v.as_bytes()));
     })
 }

@@ -29,6 +29,7 @@ use crate::proxy::state::ProxyState;
 use crate::proxy::tracker::SessionClues;
 use crate::proxy::tracker::{RequestMeta, Tracker};
 use crate::proxy::upstream_error::classify_client_error;
+use crate::proxy::upstream_head::{ProxyFields, UpstreamRequest};
 use crate::proxy::ProxyBody;
 use crate::record::{Outcome, UserSource};
 
@@ -98,7 +99,7 @@ async fn forward(
     let cfg = &state.config;
     // One snapshot per request: a reload in the middle does not change its rules.
     let users = state.users.get();
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     let client_id = parts
         .headers
         .get(&state.request_id_header)
@@ -128,20 +129,28 @@ async fn forward(
     };
     let client_rid = meta.client_request_id.as_deref().map(HeaderValue::from_str);
     let mut tracker = Tracker::start(state.trackers.clone(), t0, meta, metered);
-    tracker.defer_identity(deferred_identity(
-        &parts.headers,
-        &users,
-        path_user,
-        remote,
-        cfg.access_log_client_ip,
-    ));
+    // Who sent it is read from the head, which the upstream write leaves as it is: once the
+    // request is on its way, or before an answer that refuses it.
+    let identity = || {
+        deferred_identity(
+            &parts.headers,
+            &users,
+            path_user,
+            remote,
+            cfg.access_log_client_ip,
+        )
+    };
+    let refuse = |mut tracker: Tracker, err: ProxyError, why: &str| {
+        tracker.defer_identity(identity());
+        reject(tracker, err, why)
+    };
     *request_id = match client_rid {
         Some(v) => v.ok(),
         None => HeaderValue::from_str(tracker.request_id().as_str()).ok(),
     };
 
     if ambiguous {
-        return reject(
+        return refuse(
             tracker,
             ProxyError::bad_request(
                 "Content-Length together with Transfer-Encoding is not accepted.",
@@ -150,7 +159,7 @@ async fn forward(
         );
     }
     if !origin_form(&parts.uri) {
-        return reject(
+        return refuse(
             tracker,
             ProxyError::bad_request(
                 "The request target must be a path starting with `/` (origin form).",
@@ -163,7 +172,7 @@ async fn forward(
         let known =
             identity::bearer_key(&parts.headers).and_then(|k| identity::known_key_name(&users, k));
         if known.is_none() {
-            return reject(
+            return refuse(
                 tracker,
                 ProxyError::unauthorized(),
                 "missing or unknown API key",
@@ -173,7 +182,7 @@ async fn forward(
 
     let body = match read_body(body, &parts.headers, cfg).await {
         Ok(b) => b,
-        Err((e, why)) => return reject(tracker, e, why),
+        Err((e, why)) => return refuse(tracker, e, why),
     };
     let session_header = metered
         .then(|| crate::proxy::session::from_headers(&parts.headers))
@@ -233,36 +242,15 @@ async fn forward(
     let model = tracker.meta_mut().model.clone();
 
     let query = parts.uri.query();
-    let headers = &mut parts.headers;
-    strip_hop_by_hop(headers);
-    headers.remove(header::EXPECT);
-    headers.remove(header::CONTENT_LENGTH);
-    // Looked up by its text: no `HeaderName` is built (and allocated) per request.
-    headers.remove(users.header.as_str());
     // `Host` is set per attempt: each replica gets its own authority.
-    if let Some(id) = request_id {
-        headers.insert(state.request_id_header.clone(), id.clone());
-    }
-    if let Some(key) = &users.upstream_api_key {
-        // The upstream key always goes as a bearer key, and replaces the client's `x-api-key`
-        // too when it sent one: no client key reaches the upstream.
-        if headers.contains_key(identity::X_API_KEY) {
-            match HeaderValue::from_str(&key.0) {
-                Ok(v) => {
-                    headers.insert(identity::X_API_KEY, v);
-                }
-                Err(_) => {
-                    headers.remove(identity::X_API_KEY);
-                }
-            }
-        }
-        if let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", key.0)) {
-            headers.insert(header::AUTHORIZATION, v);
-        }
-    }
-    // A request sent as a stream may have to be sent again as the client wrote it: keep its head.
-    let as_stream = as_stream
-        .map(|(fold, dialect)| (fold, dialect, parts.method.clone(), parts.headers.clone()));
+    let fields = ProxyFields::new(
+        request_id
+            .clone()
+            .map(|id| (state.request_id_header.clone(), id)),
+        users.upstream_api_key.as_ref().map(|k| k.0.as_str()),
+        &parts.headers,
+        &users.header,
+    );
     // Where the last attempt went: its URI, `Host` and replica (a fallback resend goes there).
     let mut last_target: Option<(Uri, HeaderValue, usize)>;
     let mut load = ups.pick(model.as_deref(), None, Clock::global().now());
@@ -283,24 +271,20 @@ async fn forward(
         // A path that makes no URI is the client's; the replica's parts are always valid.
         let Some(uri) = l.upstream.target.uri(fwd_path, query) else {
             admit(&mut tracker, &mut unread, &body, metered);
-            return reject(
+            return refuse(
                 tracker,
                 ProxyError::bad_request("The request path is not valid."),
                 "invalid path",
             );
         };
-        let mut up = Request::new(upstream_body.clone());
-        *up.method_mut() = parts.method.clone();
         last_target = Some((uri.clone(), l.upstream.host.clone(), index));
-        *up.uri_mut() = uri;
-        // A retry needs the headers again; with one replica there is no retry to keep them for.
-        *up.headers_mut() = if several && !retried {
-            parts.headers.clone()
-        } else {
-            std::mem::take(&mut parts.headers)
-        };
-        up.headers_mut()
-            .insert(header::HOST, l.upstream.host.clone());
+        let up = fields.request(
+            uri,
+            &l.upstream.host,
+            &parts.method,
+            &parts.headers,
+            upstream_body.clone(),
+        );
         tracker.route(l);
         let attempt = tokio::time::timeout(headers_timeout, state.pool.request(up));
         let mut attempt = std::pin::pin!(attempt);
@@ -308,6 +292,9 @@ async fn forward(
         // sent (identification, telling the observers) runs while the upstream works on it, off
         // the path to the first token. Admitting is idempotent: a retry's attempt skips it.
         let first = std::future::poll_fn(|cx| Poll::Ready(attempt.as_mut().poll(cx))).await;
+        if !retried {
+            tracker.defer_identity(identity());
+        }
         admit(&mut tracker, &mut unread, &body, metered);
         let answered = match first {
             Poll::Ready(r) => r,
@@ -359,9 +346,7 @@ async fn forward(
     let now = tracker.now();
     tracker.commit_upstream(now);
     let mut resp = resp;
-    if let (Some((mut fold, dialect, method, headers)), Some((uri, host, index))) =
-        (as_stream, last_target)
-    {
+    if let (Some((mut fold, dialect)), Some((uri, host, index))) = (as_stream, last_target) {
         // vLLM's errors before the stream starts (400, 404 JSON) pass through as they are.
         if resp.status() == StatusCode::OK
             && content_type_starts(resp.headers(), "text/event-stream")
@@ -383,11 +368,8 @@ async fn forward(
                 as_stream::Collected::Fallback(why) => {
                     // The stream was dropped (vLLM aborts it); ask again as the client asked.
                     tracker.restart_for_fallback(why);
-                    let mut again = Request::new(body.clone());
-                    *again.method_mut() = method;
-                    *again.uri_mut() = uri;
-                    *again.headers_mut() = headers;
-                    again.headers_mut().insert(header::HOST, host);
+                    let again =
+                        fields.request(uri, &host, &parts.method, &parts.headers, body.clone());
                     resp = match send(state, again, index).await {
                         Ok(r) => r,
                         Err((err, outcome, why)) => {
@@ -474,7 +456,7 @@ fn failed_attempt(
 /// `upstream_headers_ms`.
 async fn send(
     state: &ProxyState,
-    up: Request<Bytes>,
+    up: UpstreamRequest,
     index: usize,
 ) -> Result<Response<PooledBody>, (ProxyError, Outcome, &'static str)> {
     let headers_timeout =

@@ -3,11 +3,11 @@
 //! §7.1), whether a connection may be kept (§9.3) and what is refused. Heads and trailers are
 //! parsed by `httparse`, hyper's own parser; `upstream_h1.rs` does the reading and writing.
 
-use std::io::{self, Write as _};
+use std::io;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Version};
+use http::{Method, Response, StatusCode, Version};
 
 use super::headers::list_elements;
 
@@ -265,39 +265,4 @@ pub(super) fn crlf_lines(section: &[u8]) -> bool {
 /// An interim response, read past: 1xx but `101 Switching Protocols`, which ends the exchange.
 pub(super) fn is_interim(status: StatusCode) -> bool {
     status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS
-}
-
-/// The head of `req` as HTTP/1.1 bytes, for a body of `body_len` bytes. The request's own
-/// framing headers are replaced: the body is whole, so it is sent with its exact length, as
-/// hyper's client sends a whole body. An empty body gets `content-length: 0` only when the
-/// client sent a length.
-pub fn encode_head<B>(req: &Request<B>, body_len: usize) -> Bytes {
-    let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-    let headers = req.headers();
-    let mut size = req.method().as_str().len() + path.len() + 40;
-    for (name, value) in headers {
-        size += name.as_str().len() + value.len() + 4;
-    }
-    let mut head = Vec::with_capacity(size);
-    head.extend_from_slice(req.method().as_str().as_bytes());
-    head.push(b' ');
-    head.extend_from_slice(path.as_bytes());
-    head.extend_from_slice(b" HTTP/1.1\r\n");
-    let mut had_length = false;
-    for (name, value) in headers {
-        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
-            had_length |= name == header::CONTENT_LENGTH;
-            continue;
-        }
-        head.extend_from_slice(name.as_str().as_bytes());
-        head.extend_from_slice(b": ");
-        head.extend_from_slice(value.as_bytes());
-        head.extend_from_slice(b"\r\n");
-    }
-    if body_len > 0 || had_length {
-        // Writing to a Vec cannot fail.
-        let _ = write!(head, "content-length: {body_len}\r\n");
-    }
-    head.extend_from_slice(b"\r\n");
-    Bytes::from(head)
 }

@@ -26,12 +26,17 @@ pub(crate) fn list_elements<'a>(
         .map(str::trim)
 }
 
+/// Whether a field is hop-by-hop by its name alone: the fixed set and every `Proxy-*` field
+/// (the names a `Connection` field lists are too).
+pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name) || name.as_str().starts_with("proxy-")
+}
+
 /// Removes hop-by-hop headers: the fixed set, every `Proxy-*` header, and those `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most heads carry none, which one pass over the names tells (a name listed in `Connection`
     // comes with `Connection`, one of the fixed set).
-    let hop_by_hop = |k: &HeaderName| HOP_BY_HOP.contains(k) || k.as_str().starts_with("proxy-");
-    if !headers.keys().any(hop_by_hop) {
+    if !headers.keys().any(is_hop_by_hop) {
         return;
     }
     let named: Vec<HeaderName> = list_elements(headers, &header::CONNECTION)

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use sha2::{Digest, Sha256};
 
 use crate::config::UsersConfig;
@@ -57,7 +57,7 @@ fn clean(name: &str) -> Option<String> {
 }
 
 /// The header Anthropic clients send their key in.
-pub const X_API_KEY: &str = "x-api-key";
+pub static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 /// The API key of a request, if any: `Authorization: Bearer <key>`, else `x-api-key: <key>`
 /// (Anthropic clients). Every use of a client key (key map, pseudonym, `require_known_key`)
@@ -78,7 +78,7 @@ fn authorization_key(headers: &HeaderMap) -> Option<&str> {
 /// The key in `x-api-key`, when present and not empty.
 pub fn x_api_key(headers: &HeaderMap) -> Option<&str> {
     headers
-        .get(X_API_KEY)?
+        .get(&X_API_KEY)?
         .to_str()
         .ok()
         .map(str::trim)

@@ -30,6 +30,7 @@ mod token_run;
 mod tracker;
 mod upstream_error;
 mod upstream_h1;
+mod upstream_head;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -22,11 +22,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
-use http::{Request, Response, Uri};
+use http::{Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use tower::{Service, ServiceExt};
 
-use super::upstream_h1::{encode_head, Framing, H1Conn, H1Error, Head};
+use super::upstream_h1::{Framing, H1Conn, H1Error, Head};
+use super::upstream_head::UpstreamRequest;
 use crate::tls::UpstreamConnector;
 
 /// A replica's address as connections are kept by: scheme and authority.
@@ -117,32 +118,30 @@ impl UpstreamPool {
         }
     }
 
-    /// Sends `req` (an absolute URI) on an idle connection to its replica, or on a new one, and
-    /// waits for the response head. A request is sent again, on the next kept connection or a
-    /// new one, only when none of it reached the socket of a kept connection that turned out
-    /// closed: once a byte is written the upstream may have taken the request, and a generation
-    /// is never started twice.
+    /// Sends `req` on an idle connection to its replica, or on a new one, and waits for the
+    /// response head. A request is sent again, on the next kept connection or a new one, only
+    /// when none of it reached the socket of a kept connection that turned out closed: once a
+    /// byte is written the upstream may have taken the request, and a generation is never
+    /// started twice.
     pub async fn request(
         &self,
-        req: Request<Bytes>,
+        req: UpstreamRequest,
     ) -> Result<Response<PooledBody>, UpstreamError> {
-        let key = match (req.uri().scheme(), req.uri().authority()) {
+        let key = match (req.uri.scheme(), req.uri.authority()) {
             (Some(s), Some(a)) => (s.clone(), a.clone()),
             _ => return Err(UpstreamError::Uri),
         };
-        // HTTP/1 sends the origin form; the Host header names the replica.
-        let head = encode_head(&req, req.body().len());
         loop {
             let (mut upstream, kept) = match self.checkout(&key) {
                 Some(u) => (u, true),
-                None => (self.connect(req.uri()).await?, false),
+                None => (self.connect(&req.uri).await?, false),
             };
             let Head {
                 response,
                 framing,
                 reusable,
             } = match upstream
-                .send(head.clone(), req.body().clone(), req.method())
+                .send(req.head.clone(), req.body.clone(), &req.method)
                 .await
             {
                 Ok(head) => head,

@@ -11,7 +11,7 @@
 
 use std::hash::{Hash, Hasher};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -23,22 +23,31 @@ pub use crate::record::SessionSource;
 /// Longest raw session id read; a longer value is not an id.
 const MAX_ID_LEN: usize = 256;
 
+/// Codex's session field.
+static SESSION_ID: HeaderName = HeaderName::from_static("session-id");
+/// Codex's thread field (older versions).
+static THREAD_ID: HeaderName = HeaderName::from_static("thread-id");
+/// Claude Code's session field.
+static CLAUDE_SESSION_ID: HeaderName = HeaderName::from_static("x-claude-code-session-id");
+/// Codex's turn metadata (JSON with its session, thread and turn ids).
+static CODEX_TURN_METADATA: HeaderName = HeaderName::from_static("x-codex-turn-metadata");
+
 /// The session a request's head names, if any (the first three sources, in order).
 pub fn from_headers(headers: &HeaderMap) -> Option<(SessionSource, String)> {
-    let header = |name: &str| {
+    let header = |name: &HeaderName| {
         headers
             .get(name)
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
             .filter(|v| !v.is_empty() && v.len() <= MAX_ID_LEN)
     };
-    if let Some(v) = header("session-id").or_else(|| header("thread-id")) {
+    if let Some(v) = header(&SESSION_ID).or_else(|| header(&THREAD_ID)) {
         return Some((SessionSource::CodexHeader, v.to_string()));
     }
-    if let Some(v) = header("x-claude-code-session-id") {
+    if let Some(v) = header(&CLAUDE_SESSION_ID) {
         return Some((SessionSource::ClaudeHeader, v.to_string()));
     }
-    let meta = headers.get("x-codex-turn-metadata")?.to_str().ok()?;
+    let meta = headers.get(&CODEX_TURN_METADATA)?.to_str().ok()?;
     let ids: Ids<'_> = serde_json::from_str(meta).ok()?;
     let id = ids.session_id.or(ids.thread_id)?;
     valid_id(&id).then(|| (SessionSource::CodexHeader, id.into_owned()))
@@ -47,7 +56,7 @@ pub fn from_headers(headers: &HeaderMap) -> Option<(SessionSource, String)> {
 /// The turn Codex names in `x-codex-turn-metadata` (its `turn_id`), as a hash: two calls of a
 /// session with the same one are in the same turn.
 pub fn codex_turn(headers: &HeaderMap) -> Option<u64> {
-    let meta = headers.get("x-codex-turn-metadata")?.to_str().ok()?;
+    let meta = headers.get(&CODEX_TURN_METADATA)?.to_str().ok()?;
     let ids: Ids<'_> = serde_json::from_str(meta).ok()?;
     let turn = ids.turn_id.filter(|t| valid_id(t))?;
     let mut h = std::hash::DefaultHasher::new();

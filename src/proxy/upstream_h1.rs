@@ -27,7 +27,7 @@ use tokio::io::AsyncWriteExt;
 use super::h1_message::{
     chunk_size, crlf_lines, frame_head, header_map, is_interim, parse_head, MAX_HEADERS,
 };
-pub use super::h1_message::{encode_head, Chunk, Framing, H1Error, Head};
+pub use super::h1_message::{Chunk, Framing, H1Error, Head};
 
 /// Longest response head (or chunk-size line plus trailers) read before it is refused.
 const MAX_HEAD_BYTES: usize = 64 * 1024;

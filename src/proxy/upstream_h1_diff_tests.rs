@@ -27,7 +27,8 @@ use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{encode_head, H1Conn};
+use super::H1Conn;
+use crate::proxy::upstream_head::encode_head;
 
 #[path = "upstream_h1_diff_cases.rs"]
 mod cases;

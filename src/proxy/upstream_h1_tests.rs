@@ -9,7 +9,8 @@ use http::{HeaderMap, Method, Request, StatusCode, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{encode_head, Chunk, Framing, H1Conn, H1Error, Head, READ_STEP};
+use super::{Chunk, Framing, H1Conn, H1Error, Head, READ_STEP};
+use crate::proxy::upstream_head::encode_head;
 
 type Conn = H1Conn<hyper_util::rt::TokioIo<TcpStream>>;
 
