@@ -66,13 +66,14 @@ pub struct Upstream {
     pub counters: UpstreamCounters,
 }
 
-/// A replica's scheme, authority and base path, parsed once from its configured URL. The URI of
-/// a forwarded request is built from these parts and the client's origin-form path, never by
-/// joining strings, so no request target can change the host, port or scheme connected to.
+/// A replica's scheme, authority and base path, parsed once from its configured URL. A request
+/// goes to this origin whatever its target says: the target (the base path, then the client's
+/// origin-form path and query) is only the request line's, so no request can change the host,
+/// port or scheme connected to.
 #[derive(Debug, Clone)]
 pub struct UpstreamTarget {
-    scheme: http::uri::Scheme,
-    authority: http::uri::Authority,
+    /// The scheme and authority, path `/`: what the connection goes to.
+    origin: http::Uri,
     /// The configured URL's path without its trailing slash (`""` for none).
     base_path: String,
 }
@@ -89,32 +90,39 @@ impl UpstreamTarget {
             .path_and_query
             .map(|pq| pq.path().trim_end_matches('/').to_string())
             .unwrap_or_default();
-        Ok(UpstreamTarget {
-            scheme,
-            authority,
-            base_path,
-        })
+        let origin = http::Uri::builder()
+            .scheme(scheme)
+            .authority(authority)
+            .path_and_query("/")
+            .build()?;
+        Ok(UpstreamTarget { origin, base_path })
     }
 
-    /// The URI of a request for `path` (origin form: it starts with `/`) and `query` on this
-    /// replica; `None` when `path` is not origin form or the two make no valid path and query.
-    pub fn uri(&self, path: &str, query: Option<&str>) -> Option<http::Uri> {
+    /// The replica's scheme and authority (path `/`): where its connections go.
+    pub fn origin(&self) -> &http::Uri {
+        &self.origin
+    }
+
+    /// The request target of a request for `path` and `query` on this replica; `None` when
+    /// `path` is not origin form or the target would hold a space, a control or DEL, which end
+    /// or break a request line (RFC 9112 §3). The parts come from URIs parsed before, which hold
+    /// none: the check guards the joining.
+    pub fn target(&self, path: &str, query: Option<&str>) -> Option<String> {
         if !path.starts_with('/') {
             return None;
         }
         let q = query.map_or(0, |q| q.len() + 1);
-        let mut pq = String::with_capacity(self.base_path.len() + path.len() + q);
-        pq.push_str(&self.base_path);
-        pq.push_str(path);
+        let mut target = String::with_capacity(self.base_path.len() + path.len() + q);
+        target.push_str(&self.base_path);
+        target.push_str(path);
         if let Some(q) = query {
-            pq.push('?');
-            pq.push_str(q);
+            target.push('?');
+            target.push_str(q);
         }
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(self.scheme.clone());
-        parts.authority = Some(self.authority.clone());
-        parts.path_and_query = Some(http::uri::PathAndQuery::from_maybe_shared(pq).ok()?);
-        http::Uri::from_parts(parts).ok()
+        target
+            .bytes()
+            .all(|b| b > b' ' && b != 0x7f)
+            .then_some(target)
     }
 }
 

@@ -184,28 +184,15 @@ async fn forward(
         Ok(b) => b,
         Err((e, why)) => return refuse(tracker, e, why),
     };
-    let session_header = metered
-        .then(|| crate::proxy::session::from_headers(&parts.headers))
-        .flatten();
-    let turn_key = metered
-        .then(|| crate::proxy::session::codex_turn(&parts.headers))
-        .flatten();
     tracker.meta_mut().bytes_in = body.len() as u64;
-    // The head's clues; the body's are added when the body is read.
-    let clues = SessionClues {
-        header: session_header,
-        body: None,
-        conversation: None,
-        turn_key,
-    };
     let ups = &state.upstreams;
     let several = ups.list().len() > 1;
 
     let mut upstream_body = body.clone();
     let mut strip_usage = false;
     let mut as_stream: Option<(Box<dyn Fold>, &'static dyn Dialect)> = None;
-    // The body's fields read once the request is on its way, when nothing sent depends on them.
-    let mut unread = None;
+    // What the body says, recorded once the request is on its way (`admit`).
+    let mut unnoted = Unnoted::Nothing;
     if let Some(api) = api {
         let asks = api.dialect().stream_usage() == StreamUsage::IncludeUsageOption;
         let injects =
@@ -217,7 +204,6 @@ async fn forward(
         // waits, like the identity, for the first poll of the upstream attempt.
         if injects || upgrades || several {
             let info = RequestInfo::parse(&body);
-            note_body(&mut tracker, &info, &body, metered, clues);
             if injects && info.wants_injection() {
                 if let Some(b) = inject_include_usage(&body, &info) {
                     upstream_body = b;
@@ -235,11 +221,15 @@ async fn forward(
                     Err(why) => tracker.set_ttft_fallback(why.0),
                 }
             }
+            unnoted = Unnoted::Parsed(info);
         } else {
-            unread = Some(clues);
+            unnoted = Unnoted::Unread;
         }
     }
-    let model = tracker.meta_mut().model.clone();
+    let model: Option<Arc<str>> = match &unnoted {
+        Unnoted::Parsed(info) => info.model.as_deref().map(Arc::from),
+        _ => None,
+    };
 
     let query = parts.uri.query();
     // `Host` is set per attempt: each replica gets its own authority.
@@ -251,8 +241,9 @@ async fn forward(
         &parts.headers,
         &users.header,
     );
-    // Where the last attempt went: its URI, `Host` and replica (a fallback resend goes there).
-    let mut last_target: Option<(Uri, HeaderValue, usize)>;
+    // Where the last attempt went: its origin, target, `Host` and replica (a fallback resend
+    // goes there).
+    let mut last_target: Option<(Uri, String, HeaderValue, usize)>;
     let mut load = ups.pick(model.as_deref(), None, Clock::global().now());
     let mut retried = false;
     let headers_timeout = std::time::Duration::from_millis(cfg.timeouts.upstream_headers_ms);
@@ -269,22 +260,24 @@ async fn forward(
         };
         let index = l.index;
         // A path that makes no URI is the client's; the replica's parts are always valid.
-        let Some(uri) = l.upstream.target.uri(fwd_path, query) else {
-            admit(&mut tracker, &mut unread, &body, metered);
+        let Some(target) = l.upstream.target.target(fwd_path, query) else {
+            admit(&mut tracker, &mut unnoted, &body, &parts.headers, metered);
             return refuse(
                 tracker,
                 ProxyError::bad_request("The request path is not valid."),
                 "invalid path",
             );
         };
-        last_target = Some((uri.clone(), l.upstream.host.clone(), index));
+        let origin = l.upstream.target.origin().clone();
         let up = fields.request(
-            uri,
+            origin.clone(),
+            &target,
             &l.upstream.host,
             &parts.method,
             &parts.headers,
             upstream_body.clone(),
         );
+        last_target = Some((origin, target, l.upstream.host.clone(), index));
         tracker.route(l);
         let attempt = tokio::time::timeout(headers_timeout, state.pool.request(up));
         let mut attempt = std::pin::pin!(attempt);
@@ -295,7 +288,7 @@ async fn forward(
         if !retried {
             tracker.defer_identity(identity());
         }
-        admit(&mut tracker, &mut unread, &body, metered);
+        admit(&mut tracker, &mut unnoted, &body, &parts.headers, metered);
         let answered = match first {
             Poll::Ready(r) => r,
             Poll::Pending => attempt.await,
@@ -346,7 +339,9 @@ async fn forward(
     let now = tracker.now();
     tracker.commit_upstream(now);
     let mut resp = resp;
-    if let (Some((mut fold, dialect)), Some((uri, host, index))) = (as_stream, last_target) {
+    if let (Some((mut fold, dialect)), Some((origin, target, host, index))) =
+        (as_stream, last_target)
+    {
         // vLLM's errors before the stream starts (400, 404 JSON) pass through as they are.
         if resp.status() == StatusCode::OK
             && content_type_starts(resp.headers(), "text/event-stream")
@@ -368,8 +363,14 @@ async fn forward(
                 as_stream::Collected::Fallback(why) => {
                     // The stream was dropped (vLLM aborts it); ask again as the client asked.
                     tracker.restart_for_fallback(why);
-                    let again =
-                        fields.request(uri, &host, &parts.method, &parts.headers, body.clone());
+                    let again = fields.request(
+                        origin,
+                        &target,
+                        &host,
+                        &parts.method,
+                        &parts.headers,
+                        body.clone(),
+                    );
                     resp = match send(state, again, index).await {
                         Ok(r) => r,
                         Err((err, outcome, why)) => {
@@ -396,13 +397,45 @@ async fn forward(
     )
 }
 
-/// Admits the request (the observers hear of it), after reading its body's fields when they
-/// waited (`unread`) for the request to be on its way.
-fn admit(tracker: &mut Tracker, unread: &mut Option<SessionClues>, body: &Bytes, metered: bool) {
-    if let Some(clues) = unread.take() {
-        note_body(tracker, &RequestInfo::parse(body), body, metered, clues);
+/// Admits the request (the observers hear of it), after recording what its body says (read now
+/// when nothing sent depended on it) and the session's clues in its head.
+fn admit(
+    tracker: &mut Tracker,
+    unnoted: &mut Unnoted,
+    body: &Bytes,
+    headers: &http::HeaderMap,
+    metered: bool,
+) {
+    let info = match std::mem::replace(unnoted, Unnoted::Nothing) {
+        Unnoted::Nothing => None,
+        Unnoted::Parsed(info) => Some(info),
+        Unnoted::Unread => Some(RequestInfo::parse(body)),
+    };
+    if let Some(info) = info {
+        // The head's clues; the body's are added to them.
+        let clues = SessionClues {
+            header: metered
+                .then(|| crate::proxy::session::from_headers(headers))
+                .flatten(),
+            body: None,
+            conversation: None,
+            turn_key: metered
+                .then(|| crate::proxy::session::codex_turn(headers))
+                .flatten(),
+        };
+        note_body(tracker, &info, body, metered, clues);
     }
     tracker.admit();
+}
+
+/// A generation request's body fields, until `admit` records them.
+enum Unnoted {
+    /// Not a generation request, or recorded.
+    Nothing,
+    /// Read before the upstream write, because what was sent depended on them.
+    Parsed(RequestInfo),
+    /// Not read yet: nothing sent depended on them.
+    Unread,
 }
 
 /// Records what the request body says: model, stream, n, the body's user and, metered, the
@@ -498,13 +531,6 @@ async fn read_body(
     cfg: &ServeConfig,
 ) -> Result<Bytes, (ProxyError, &'static str)> {
     let limit = cfg.max_request_body_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err((ProxyError::too_large(limit), "request body over the limit"));
-    }
     // Read whole by the front: nothing to wait for, and no collecting.
     if let ClientBody::Read(whole) = body {
         let whole = whole.unwrap_or_default();
@@ -512,6 +538,13 @@ async fn read_body(
             return Err((ProxyError::too_large(limit), "request body over the limit"));
         }
         return Ok(whole);
+    }
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err((ProxyError::too_large(limit), "request body over the limit"));
     }
     let timeout = std::time::Duration::from_millis(cfg.timeouts.request_body_ms);
     let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));

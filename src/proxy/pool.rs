@@ -127,14 +127,14 @@ impl UpstreamPool {
         &self,
         req: UpstreamRequest,
     ) -> Result<Response<PooledBody>, UpstreamError> {
-        let key = match (req.uri.scheme(), req.uri.authority()) {
+        let key = match (req.origin.scheme(), req.origin.authority()) {
             (Some(s), Some(a)) => (s.clone(), a.clone()),
             _ => return Err(UpstreamError::Uri),
         };
         loop {
             let (mut upstream, kept) = match self.checkout(&key) {
                 Some(u) => (u, true),
-                None => (self.connect(&req.uri).await?, false),
+                None => (self.connect(&req.origin).await?, false),
             };
             let Head {
                 response,

@@ -4,8 +4,6 @@
 //! request's way to the upstream write builds and changes no map (docs/performance.md, "Code
 //! touched per request").
 
-use std::io::Write as _;
-
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Uri};
@@ -15,8 +13,8 @@ use super::identity::X_API_KEY;
 
 /// A request as the upstream pool sends it.
 pub struct UpstreamRequest {
-    /// The replica's absolute URI: its scheme and authority pick the connection.
-    pub uri: Uri,
+    /// The replica's scheme and authority (`UpstreamTarget::origin`): they pick the connection.
+    pub origin: Uri,
     /// The method (a `HEAD` response has no body, whatever its head says).
     pub method: Method,
     /// The head, as written ([`encode`]).
@@ -59,11 +57,12 @@ impl<'a> ProxyFields<'a> {
         }
     }
 
-    /// The request to `uri` on a replica whose authority is `host`, with the client's
-    /// `method` and `headers`, these fields, and `body`.
+    /// The request for `target` (origin form) to the replica at `origin`, whose authority is
+    /// `host`, with the client's `method` and `headers`, these fields, and `body`.
     pub fn request(
         &self,
-        uri: Uri,
+        origin: Uri,
+        target: &str,
         host: &HeaderValue,
         method: &Method,
         headers: &HeaderMap,
@@ -88,10 +87,9 @@ impl<'a> ProxyFields<'a> {
             set: &set[..n],
             drop: Some(self.user_header),
         };
-        let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
         let head = encode(method, target, headers, &edits, body.len());
         UpstreamRequest {
-            uri,
+            origin,
             method: method.clone(),
             head,
             body,
@@ -171,8 +169,9 @@ pub fn encode(
         }
     }
     if body_len > 0 || had_length {
-        // Writing to a Vec cannot fail.
-        let _ = write!(head, "content-length: {body_len}\r\n");
+        head.extend_from_slice(b"content-length: ");
+        head.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
+        head.extend_from_slice(b"\r\n");
     }
     head.extend_from_slice(b"\r\n");
     Bytes::from(head)
