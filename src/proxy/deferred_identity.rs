@@ -14,8 +14,9 @@ use crate::traceparent::TraceParent;
 static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
 /// Fills a request's identity, user agent and trace from the head's fields that say them, kept
-/// (reference-counted, not copied) before the head is edited for the upstream: the forwarder
-/// runs it once the request is on its way ([`Tracker::defer_identity`]).
+/// (reference-counted, not copied) for the tracker, which settles it when the request is
+/// admitted or finishes ([`Tracker::defer_identity`]); the forwarder makes it once the request
+/// is on its way, or as it refuses it.
 pub fn deferred_identity(
     headers: &http::HeaderMap,
     users: &Arc<crate::config::UsersConfig>,
