@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the fuzz targets for a bounded time each (default 120 s): `sse_scan` (the SSE scanner on
 # arbitrary splits), `summarize` (the event summary's fast path against serde's reading) and
-# `h1_response` (the upstream response reader on arbitrary bytes, cuts and pauses).
+# `h1_response` (the upstream response reader on arbitrary bytes, cuts and pauses) and
+# `request_scan` (the request body's top-level scan against serde's reading).
 # Usage: scripts/fuzz.sh [seconds] [target ...]
 # An input that takes over 10 s is reported as a hang (-timeout; libFuzzer waits 20 minutes).
 # cargo-fuzz needs libFuzzer's nightly-only flags; on a stable toolchain RUSTC_BOOTSTRAP=1 allows them.
@@ -10,9 +11,9 @@ cd "$(dirname "$0")/../fuzz"
 seconds="${1:-120}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(sse_scan summarize h1_response)
+[ ${#targets[@]} -gt 0 ] || targets=(sse_scan summarize h1_response request_scan)
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
-mkdir -p corpus/sse_scan corpus/summarize corpus/h1_response
+mkdir -p corpus/sse_scan corpus/summarize corpus/h1_response corpus/request_scan
 # Seeds from the recorded vLLM streams: whole bodies for the scanner, single events and pairs of
 # consecutive events for summarize.
 for f in ../tests/fixtures/vllm/0*_chat_stream*.http ../tests/fixtures/vllm/09_*.http \
@@ -62,6 +63,14 @@ for name, flags, stream in [
 ]:
     seed(name, stream, flags)
 PY
+# Seeds for request_scan: chat request bodies, plain and not.
+i=0
+for body in '{"model":"m","messages":[{"role":"user","content":"hi \"x\" \u00e9"}],"stream":true}' \
+            '{"stream":true,"stream_options":{"include_usage":false},"n":1.5e3}' \
+            '{"model":"m","stream":false,"input":[[],{},null,true,-0]}'; do
+  printf '%s' "$body" > "corpus/request_scan/$i.seed"
+  i=$((i + 1))
+done
 for t in "${targets[@]}"; do
   RUSTC_BOOTSTRAP=1 cargo fuzz run "$t" "corpus/$t" -- -max_total_time="$seconds" -max_len=4096 -timeout=10
 done

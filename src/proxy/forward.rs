@@ -202,7 +202,20 @@ async fn forward(
         // unless usage is injected or the request is upgraded to a stream. Reading an agent's
         // body (tens of KB) costs a real share of the added TTFT (docs/performance.md), so it
         // waits, like the identity, for the first poll of the upstream attempt.
-        if injects || upgrades || several {
+        // The plain case of the injection (a stream that asks nothing of `stream_options`) is
+        // told by a scan of the body's top level; serde reads the body after the write.
+        if injects && !several && crate::proxy::request_scan::plain_stream(&body) {
+            let plain = RequestInfo {
+                is_json_object: true,
+                stream: Some(true),
+                ..RequestInfo::default()
+            };
+            if let Some(b) = inject_include_usage(&body, &plain) {
+                upstream_body = b;
+                strip_usage = true;
+            }
+            unnoted = Unnoted::Unread;
+        } else if injects || upgrades || several {
             let info = RequestInfo::parse(&body);
             if injects && info.wants_injection() {
                 if let Some(b) = inject_include_usage(&body, &info) {

@@ -21,6 +21,7 @@ mod pool;
 pub(crate) mod refusal;
 pub mod request;
 mod request_id;
+pub mod request_scan;
 mod serving;
 pub mod session;
 pub(crate) mod session_table;
