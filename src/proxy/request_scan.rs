@@ -94,54 +94,42 @@ impl<'a> Scan<'a> {
     /// One value, at nesting `depth` (the top-level object's members are at 1).
     fn value(&mut self, depth: usize) -> Option<()> {
         match *self.b.get(self.i)? {
-            b'{' => {
-                if depth >= MAX_DEPTH {
-                    return None;
-                }
-                self.i += 1;
-                self.ws();
-                if self.eat(b'}').is_some() {
-                    return Some(());
-                }
-                loop {
-                    self.string()?;
-                    self.ws();
-                    self.eat(b':')?;
-                    self.ws();
-                    self.value(depth + 1)?;
-                    self.ws();
-                    match self.next()? {
-                        b',' => self.ws(),
-                        b'}' => return Some(()),
-                        _ => return None,
-                    }
-                }
-            }
-            b'[' => {
-                if depth >= MAX_DEPTH {
-                    return None;
-                }
-                self.i += 1;
-                self.ws();
-                if self.eat(b']').is_some() {
-                    return Some(());
-                }
-                loop {
-                    self.value(depth + 1)?;
-                    self.ws();
-                    match self.next()? {
-                        b',' => self.ws(),
-                        b']' => return Some(()),
-                        _ => return None,
-                    }
-                }
-            }
+            b'{' => self.container(b'}', depth),
+            b'[' => self.container(b']', depth),
             b'"' => self.string().map(drop),
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
             b'n' => self.literal(b"null"),
             b'-' | b'0'..=b'9' => self.number(),
             _ => None,
+        }
+    }
+
+    /// An object (closed by `}`) or an array (by `]`) at nesting `depth`, from its opening
+    /// bracket: an object's members are `key: value`, an array's are values.
+    fn container(&mut self, close: u8, depth: usize) -> Option<()> {
+        if depth >= MAX_DEPTH {
+            return None;
+        }
+        self.i += 1;
+        self.ws();
+        if self.eat(close).is_some() {
+            return Some(());
+        }
+        loop {
+            if close == b'}' {
+                self.string()?;
+                self.ws();
+                self.eat(b':')?;
+                self.ws();
+            }
+            self.value(depth + 1)?;
+            self.ws();
+            match self.next()? {
+                b',' => self.ws(),
+                c if c == close => return Some(()),
+                _ => return None,
+            }
         }
     }
 
