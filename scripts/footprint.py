@@ -43,6 +43,7 @@ HANDLER_TOGGLES = [
     "tokenmeter::proxy::forward::handle::*",
     "tokenmeter::proxy::front_h1::build",
     "tokenmeter::proxy::forward::admit",
+    "tokenmeter::proxy::admission::admit",
     "tokenmeter::proxy::upstream_h1::H1Conn<T>::poll_parse_head",
     "tokenmeter::proxy::body::MeteredBody::new",
     "tokenmeter::proxy::body::Reading::for_response",

@@ -17,6 +17,7 @@ use crate::dialect::{Dialect, StreamUsage};
 use crate::error::ProxyError;
 use crate::fleet::{Load, Upstreams};
 use crate::fold::Fold;
+use crate::proxy::admission::{admit, Unnoted};
 use crate::proxy::as_stream;
 use crate::proxy::body::{content_type_starts, MeteredBody, Reading};
 use crate::proxy::client_body::ClientBody;
@@ -26,7 +27,6 @@ use crate::proxy::identity;
 use crate::proxy::pool::PooledBody;
 use crate::proxy::request::{inject_include_usage, RequestInfo};
 use crate::proxy::state::ProxyState;
-use crate::proxy::tracker::SessionClues;
 use crate::proxy::tracker::{RequestMeta, Tracker};
 use crate::proxy::upstream_error::classify_client_error;
 use crate::proxy::upstream_head::{ProxyFields, UpstreamRequest};
@@ -408,72 +408,6 @@ async fn forward(
         rparts,
         ProxyBody::Metered(Box::new(MeteredBody::new(rbody, tracker, reading, idle))),
     )
-}
-
-/// Admits the request (the observers hear of it), after recording what its body says (read now
-/// when nothing sent depended on it) and the session's clues in its head.
-fn admit(
-    tracker: &mut Tracker,
-    unnoted: &mut Unnoted,
-    body: &Bytes,
-    headers: &http::HeaderMap,
-    metered: bool,
-) {
-    let info = match std::mem::replace(unnoted, Unnoted::Nothing) {
-        Unnoted::Nothing => None,
-        Unnoted::Parsed(info) => Some(info),
-        Unnoted::Unread => Some(RequestInfo::parse(body)),
-    };
-    if let Some(info) = info {
-        // The head's clues; the body's are added to them.
-        let clues = SessionClues {
-            header: metered
-                .then(|| crate::proxy::session::from_headers(headers))
-                .flatten(),
-            body: None,
-            conversation: None,
-            turn_key: metered
-                .then(|| crate::proxy::session::codex_turn(headers))
-                .flatten(),
-        };
-        note_body(tracker, &info, body, metered, clues);
-    }
-    tracker.admit();
-}
-
-/// A generation request's body fields, until `admit` records them.
-enum Unnoted {
-    /// Not a generation request, or recorded.
-    Nothing,
-    /// Read before the upstream write, because what was sent depended on them.
-    Parsed(RequestInfo),
-    /// Not read yet: nothing sent depended on them.
-    Unread,
-}
-
-/// Records what the request body says: model, stream, n, the body's user and, metered, the
-/// session's clues (`clues`, the head's, completed with the body's).
-fn note_body(
-    tracker: &mut Tracker,
-    info: &RequestInfo,
-    body: &Bytes,
-    metered: bool,
-    clues: SessionClues,
-) {
-    let meta = tracker.meta_mut();
-    meta.model = info.model.as_deref().map(Arc::from);
-    meta.stream = info.stream;
-    meta.n = info.n;
-    if let Some(user) = &info.user {
-        tracker.set_body_user(user.clone());
-    }
-    if metered {
-        tracker.set_session_clues(SessionClues {
-            body: info.session.clone(),
-            conversation: info.conversation.clone().map(|r| body.slice(r)),
-            ..clues
-        });
-    }
 }
 
 /// Records a failed attempt on replica `index` (refused, lost before the head, or 5xx: nothing

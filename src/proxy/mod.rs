@@ -3,6 +3,7 @@
 //! handed what it reports to ([`Observer`]s, the `/stats` router) and depends on no exporter;
 //! the running program is put together in `app`.
 
+mod admission;
 mod as_stream;
 mod body;
 mod client_body;
