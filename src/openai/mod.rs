@@ -94,6 +94,7 @@ pub struct Summary<'a> {
 
 mod skim;
 
+pub(crate) use skim::object_members;
 pub use skim::EventMemo;
 
 /// Parses `data` as a JSON object and summarizes it; `None` when it is not one.

@@ -32,6 +32,32 @@ pub(super) fn summarize(data: &[u8]) -> Skimmed<Summary<'_>> {
     summarize_from(data, None).map(|(s, _)| s)
 }
 
+/// Walks the JSON object `data`, handing `member` each top-level key and its value's exact text
+/// (as serde's `RawValue` has it), in order, and checking the rest of `data` is whitespace: by
+/// this module's rules, so `None` (serde must decide) for an escaped key, a `\u` escape, an
+/// exponent, nesting past [`MAX_DEPTH`], bad UTF-8 or malformed JSON, or when `member` says no.
+pub(crate) fn object_members<'a>(
+    data: &'a [u8],
+    mut member: impl FnMut(&'a [u8], &'a [u8]) -> bool,
+) -> Option<()> {
+    let mut p = Parser {
+        b: data,
+        i: 0,
+        depth: 0,
+        last_string: (0, 0),
+    };
+    p.open_object().ok()?;
+    let mut first = true;
+    while let Some(key) = p.key(&mut first).ok()? {
+        let raw = p.value().ok()?;
+        if !member(key, raw) {
+            return None;
+        }
+    }
+    p.ws();
+    (p.i == data.len()).then_some(())
+}
+
 /// What a parse found besides its answer, for the memo.
 struct Found {
     /// Where a prefix could end (a whole parse only).

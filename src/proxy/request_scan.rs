@@ -4,10 +4,10 @@
 //! what metering runs on a chat stream's way there (docs/performance.md, "Code touched per
 //! request"); serde reads the body after the write, for the record.
 //!
-//! It says yes only where serde would say the same: the body is valid UTF-8 and JSON by RFC
-//! 8259's grammar, nested at most [`MAX_DEPTH`] deep (serde's limit is 128), no key of the top
-//! level has an escape (serde compares keys unescaped), and none of the fields `RequestInfo`
-//! reads comes twice (serde refuses the body then). Anything else is left to serde.
+//! The walk is the event skimmer's (`openai::object_members`), which answers only where serde
+//! would read the same JSON: anything it declines (an escaped key, a `\u` escape, an exponent,
+//! deep nesting, bad UTF-8) is left to serde. Here it also declines a field `RequestInfo` reads
+//! given twice, which fails serde's parse.
 
 /// The top-level fields `RequestInfo::parse` reads (a second one of these fails its parse).
 const KNOWN: [&[u8]; 9] = [
@@ -25,193 +25,25 @@ const KNOWN: [&[u8]; 9] = [
 /// Index of `stream_options` in [`KNOWN`].
 const STREAM_OPTIONS: usize = 4;
 
-/// Deepest nesting scanned; deeper bodies are serde's to read.
-pub const MAX_DEPTH: usize = 64;
-
 /// Whether `body` is a JSON object whose top level has `"stream": true` and no
 /// `stream_options`, as serde reads it: then the request asks for a stream and not for usage,
 /// and usage may be asked for by appending `stream_options` before its closing brace. `false`
 /// means only that this scan does not tell.
 pub fn plain_stream(body: &[u8]) -> bool {
-    if std::str::from_utf8(body).is_err() {
-        return false;
-    }
-    Scan { b: body, i: 0 }.top().unwrap_or(false)
-}
-
-/// A position in the body; every method returns `None` where the scan gives up.
-struct Scan<'a> {
-    b: &'a [u8],
-    i: usize,
-}
-
-impl<'a> Scan<'a> {
-    /// The top-level object: whether it is the plain case.
-    fn top(&mut self) -> Option<bool> {
-        self.ws();
-        self.eat(b'{')?;
-        self.ws();
-        if self.eat(b'}').is_some() {
-            return self.end().then_some(false);
-        }
-        let mut seen = [false; KNOWN.len()];
-        let mut stream_true = false;
-        loop {
-            let (key, escaped) = self.string()?;
-            if escaped {
-                return None;
-            }
-            let known = KNOWN.iter().position(|k| *k == key);
-            if let Some(k) = known {
-                if std::mem::replace(&mut seen[k], true) {
-                    return None;
-                }
-            }
-            self.ws();
-            self.eat(b':')?;
-            self.ws();
-            let start = self.i;
-            self.value(1)?;
-            if key == b"stream" {
-                stream_true = &self.b[start..self.i] == b"true";
-            }
-            self.ws();
-            match self.next()? {
-                b',' => self.ws(),
-                b'}' => break,
-                _ => return None,
+    let mut seen = [false; KNOWN.len()];
+    let mut stream_true = false;
+    let walked = crate::openai::object_members(body, |key, raw| {
+        if let Some(k) = KNOWN.iter().position(|known| *known == key) {
+            if std::mem::replace(&mut seen[k], true) {
+                return false;
             }
         }
-        Some(self.end() && stream_true && !seen[STREAM_OPTIONS])
-    }
-
-    /// Only whitespace is left.
-    fn end(&mut self) -> bool {
-        self.ws();
-        self.i == self.b.len()
-    }
-
-    /// One value, at nesting `depth` (the top-level object's members are at 1).
-    fn value(&mut self, depth: usize) -> Option<()> {
-        match *self.b.get(self.i)? {
-            b'{' => self.container(b'}', depth),
-            b'[' => self.container(b']', depth),
-            b'"' => self.string().map(drop),
-            b't' => self.literal(b"true"),
-            b'f' => self.literal(b"false"),
-            b'n' => self.literal(b"null"),
-            b'-' | b'0'..=b'9' => self.number(),
-            _ => None,
+        if key == b"stream" {
+            stream_true = raw == b"true";
         }
-    }
-
-    /// An object (closed by `}`) or an array (by `]`) at nesting `depth`, from its opening
-    /// bracket: an object's members are `key: value`, an array's are values.
-    fn container(&mut self, close: u8, depth: usize) -> Option<()> {
-        if depth >= MAX_DEPTH {
-            return None;
-        }
-        self.i += 1;
-        self.ws();
-        if self.eat(close).is_some() {
-            return Some(());
-        }
-        loop {
-            if close == b'}' {
-                self.string()?;
-                self.ws();
-                self.eat(b':')?;
-                self.ws();
-            }
-            self.value(depth + 1)?;
-            self.ws();
-            match self.next()? {
-                b',' => self.ws(),
-                c if c == close => return Some(()),
-                _ => return None,
-            }
-        }
-    }
-
-    /// A string (RFC 8259 §7): its raw bytes between the quotes, and whether it has an escape.
-    fn string(&mut self) -> Option<(&'a [u8], bool)> {
-        self.eat(b'"')?;
-        let start = self.i;
-        let mut escaped = false;
-        loop {
-            match self.next()? {
-                b'"' => return Some((&self.b[start..self.i - 1], escaped)),
-                b'\\' => {
-                    escaped = true;
-                    match self.next()? {
-                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
-                        b'u' => {
-                            for _ in 0..4 {
-                                if !self.next()?.is_ascii_hexdigit() {
-                                    return None;
-                                }
-                            }
-                        }
-                        _ => return None,
-                    }
-                }
-                c if c < 0x20 => return None,
-                _ => {}
-            }
-        }
-    }
-
-    /// A number (RFC 8259 §6): `-`? (`0` | a digit not 0, digits) (`.` digits)? (`e` sign? digits)?
-    fn number(&mut self) -> Option<()> {
-        let _ = self.eat(b'-');
-        match self.next()? {
-            b'0' => {}
-            b'1'..=b'9' => self.digits(),
-            _ => return None,
-        }
-        if self.eat(b'.').is_some() {
-            self.digit()?;
-            self.digits();
-        }
-        if self.eat(b'e').or_else(|| self.eat(b'E')).is_some() {
-            let _ = self.eat(b'+').or_else(|| self.eat(b'-'));
-            self.digit()?;
-            self.digits();
-        }
-        Some(())
-    }
-
-    fn digit(&mut self) -> Option<()> {
-        self.next().filter(u8::is_ascii_digit).map(drop)
-    }
-
-    fn digits(&mut self) {
-        while self.b.get(self.i).is_some_and(u8::is_ascii_digit) {
-            self.i += 1;
-        }
-    }
-
-    fn literal(&mut self, word: &[u8]) -> Option<()> {
-        let end = self.i + word.len();
-        (self.b.get(self.i..end)? == word).then(|| self.i = end)
-    }
-
-    /// JSON's whitespace: space, tab, line feed, carriage return.
-    fn ws(&mut self) {
-        while matches!(self.b.get(self.i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, c: u8) -> Option<()> {
-        (self.b.get(self.i) == Some(&c)).then(|| self.i += 1)
-    }
-
-    fn next(&mut self) -> Option<u8> {
-        let c = *self.b.get(self.i)?;
-        self.i += 1;
-        Some(c)
-    }
+        true
+    });
+    walked.is_some() && stream_true && !seen[STREAM_OPTIONS]
 }
 
 #[cfg(test)]
@@ -220,6 +52,15 @@ mod tests {
 
     use super::*;
     use crate::proxy::request::RequestInfo;
+
+    /// The skimmer's nesting limit: the top-level object is 1.
+    const MAX_DEPTH: usize = 64;
+
+    /// Whether the skimmer declines `b` whatever its fields: a `\u` escape or an exponent.
+    fn skimmer_declines(b: &[u8]) -> bool {
+        b.windows(2)
+            .any(|w| w == b"\\u" || (w[0].is_ascii_digit() && matches!(w[1], b'e' | b'E')))
+    }
 
     /// What serde's read says of the same body: the plain case.
     fn serde_plain(body: &[u8]) -> bool {
@@ -230,8 +71,8 @@ mod tests {
     #[test]
     fn the_plain_case_and_what_is_left_to_serde() {
         let yes: &[&[u8]] = &[
-            br#"{"model":"m","messages":[{"role":"user","content":"hi \"there\" \u00e9\n"}],"stream":true}"#,
-            b" {\r\n \"stream\" : true , \"x\": [1, -0.5e+3, 0, {}, [], null, false]}\n",
+            br#"{"model":"m","messages":[{"role":"user","content":"hi \"there\" \n"}],"stream":true}"#,
+            b" {\r\n \"stream\" : true , \"x\": [1, -0.5, 0, {}, [], null, false]}\n",
             br#"{"stream":true,"extra":{"stream_options":1,"stream":false},"extra":2}"#,
         ];
         for b in yes {
@@ -255,8 +96,11 @@ mod tests {
             br#"{"stream":true,"s":"a\x"}"#,
             b"{\"stream\":true,\"s\":\"tab\tin\"}",
             br#"[{"stream":true}]"#,
-            // Left to serde: an escaped key, bytes that are not UTF-8, deep nesting.
+            // Left to serde: an escaped key, a `\u` escape, an exponent, bytes that are not
+            // UTF-8, deep nesting.
             br#"{"str\u0065am":true}"#,
+            br#"{"stream":true,"s":"\u00e9"}"#,
+            br#"{"stream":true,"t":1e-5}"#,
             b"{\"stream\":true,\"s\":\"\xff\"}",
         ];
         for b in no {
@@ -298,7 +142,7 @@ mod tests {
                         .unwrap_or(text);
                     let (scan, serde) = (plain_stream(&body), serde_plain(&body));
                     assert!(!scan || serde, "{}", p.display());
-                    if serde && !body.contains(&b'\\') {
+                    if serde && !skimmer_declines(&body) {
                         assert!(scan, "{}", p.display());
                     }
                     seen += 1;
@@ -384,7 +228,7 @@ mod tests {
         /// Yes where serde says yes, when no top-level key is escaped.
         #[test]
         fn yes_where_serde_says_yes(b in body()) {
-            if serde_plain(&b) && !String::from_utf8_lossy(&b).contains("str\\u0065am") {
+            if serde_plain(&b) && !skimmer_declines(&b) {
                 prop_assert!(plain_stream(&b), "{}", String::from_utf8_lossy(&b));
             }
         }
