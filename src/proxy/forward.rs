@@ -201,42 +201,40 @@ async fn forward(
         // With several replicas the model picks one; with one, what is sent is the client's body
         // unless usage is injected or the request is upgraded to a stream. Reading an agent's
         // body (tens of KB) costs a real share of the added TTFT (docs/performance.md), so it
-        // waits, like the identity, for the first poll of the upstream attempt.
-        // The plain case of the injection (a stream that asks nothing of `stream_options`) is
-        // told by a scan of the body's top level; serde reads the body after the write.
-        if injects && !several && crate::proxy::request_scan::plain_stream(&body) {
-            let plain = RequestInfo {
-                is_json_object: true,
-                stream: Some(true),
-                ..RequestInfo::default()
-            };
-            if let Some(b) = inject_include_usage(&body, &plain) {
+        // waits, like the identity, for the first poll of the upstream attempt. The plain case
+        // of the injection (a stream that asks nothing of `stream_options`) is told by a scan of
+        // the body's top level, and serde reads the body after the write too.
+        let scanned = injects && !several && crate::proxy::request_scan::plain_stream(&body);
+        let info =
+            (!scanned && (injects || upgrades || several)).then(|| RequestInfo::parse(&body));
+        let plain = RequestInfo {
+            is_json_object: true,
+            stream: Some(true),
+            ..RequestInfo::default()
+        };
+        let read = info.as_ref().unwrap_or(&plain);
+        if injects && (scanned || read.wants_injection()) {
+            if let Some(b) = inject_include_usage(&body, read) {
                 upstream_body = b;
                 strip_usage = true;
             }
-            unnoted = Unnoted::Unread;
-        } else if injects || upgrades || several {
-            let info = RequestInfo::parse(&body);
-            if injects && info.wants_injection() {
-                if let Some(b) = inject_include_usage(&body, &info) {
-                    upstream_body = b;
-                    strip_usage = true;
-                }
-            }
-            // Streamed requests are never touched (nor their bodies read again).
-            if upgrades && info.stream != Some(true) {
-                match api.dialect().as_stream(&body) {
-                    Ok(Some(up)) => {
-                        upstream_body = up.body;
-                        as_stream = Some((up.fold, api.dialect()));
+        }
+        match info {
+            Some(info) => {
+                // Streamed requests are never touched (nor their bodies read again).
+                if upgrades && info.stream != Some(true) {
+                    match api.dialect().as_stream(&body) {
+                        Ok(Some(up)) => {
+                            upstream_body = up.body;
+                            as_stream = Some((up.fold, api.dialect()));
+                        }
+                        Ok(None) => {}
+                        Err(why) => tracker.set_ttft_fallback(why.0),
                     }
-                    Ok(None) => {}
-                    Err(why) => tracker.set_ttft_fallback(why.0),
                 }
+                unnoted = Unnoted::Parsed(info);
             }
-            unnoted = Unnoted::Parsed(info);
-        } else {
-            unnoted = Unnoted::Unread;
+            None => unnoted = Unnoted::Unread,
         }
     }
     let model: Option<Arc<str>> = match &unnoted {
