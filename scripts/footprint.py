@@ -51,6 +51,8 @@ HANDLER_TOGGLES = [
     "tokenmeter::proxy::body::content_type_starts",
 ]
 # What runs after the upstream write in this build but before it in older ones (`--post-write`).
+# A toggle flips collection on every entry: a function that runs inside one already left out
+# (identification, inside the admission) must not be listed.
 POST_WRITE = "headers::strip_hop_by_hop,deferred_identity::deferred_identity"
 
 

@@ -10,13 +10,15 @@ use crate::proxy::request::RequestInfo;
 use crate::proxy::tracker::{SessionClues, Tracker};
 
 /// Admits the request (the observers hear of it), after recording what its body says (read now
-/// when nothing sent depended on it) and the session's clues in its head.
+/// when nothing sent depended on it) and the session's clues in its head, and identifying it
+/// (`identify`, which considers the body's `user`).
 pub(super) fn admit(
     tracker: &mut Tracker,
     unnoted: &mut Unnoted,
     body: &Bytes,
     headers: &http::HeaderMap,
     metered: bool,
+    identify: impl FnOnce(&mut Tracker),
 ) {
     let info = match std::mem::replace(unnoted, Unnoted::Nothing) {
         Unnoted::Nothing => None,
@@ -37,6 +39,7 @@ pub(super) fn admit(
         };
         note_body(tracker, &info, body, metered, clues);
     }
+    identify(tracker);
     tracker.admit();
 }
 

@@ -21,7 +21,7 @@ use crate::proxy::admission::{admit, Unnoted};
 use crate::proxy::as_stream;
 use crate::proxy::body::{content_type_starts, MeteredBody, Reading};
 use crate::proxy::client_body::ClientBody;
-use crate::proxy::deferred_identity::deferred_identity;
+use crate::proxy::deferred_identity::{fill_identity, Client};
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity;
 use crate::proxy::pool::PooledBody;
@@ -110,7 +110,7 @@ async fn forward(
     let (path_user, fwd_path) = (split.user, split.path);
     let api = crate::dialect::detect(fwd_path);
     let metered = cfg.metering && api.is_some();
-    // Identity, user agent and trace are filled in later (`Tracker::defer_identity`).
+    // Identity, user agent and trace are filled in later (`Tracker::identify`).
     let meta = RequestMeta {
         user: Arc::from(""),
         user_source: UserSource::Ip,
@@ -131,17 +131,17 @@ async fn forward(
     let mut tracker = Tracker::start(state.trackers.clone(), t0, meta, metered);
     // Who sent it is read from the head, which the upstream write leaves as it is: once the
     // request is on its way, or before an answer that refuses it.
-    let identity = || {
-        deferred_identity(
-            &parts.headers,
-            &users,
-            path_user,
-            remote,
-            cfg.access_log_client_ip,
-        )
+    let client = Client {
+        headers: &parts.headers,
+        path_user,
+        remote,
+        log_client_ip: cfg.access_log_client_ip,
+    };
+    let identify = |tracker: &mut Tracker| {
+        tracker.identify(|meta, body_user| fill_identity(meta, body_user, &users, &client));
     };
     let refuse = |mut tracker: Tracker, err: ProxyError, why: &str| {
-        tracker.defer_identity(identity());
+        identify(&mut tracker);
         reject(tracker, err, why)
     };
     *request_id = match client_rid {
@@ -272,8 +272,15 @@ async fn forward(
         let index = l.index;
         // A path that makes no URI is the client's; the replica's parts are always valid.
         let Some(target) = l.upstream.target.target(fwd_path, query) else {
-            admit(&mut tracker, &mut unnoted, &body, &parts.headers, metered);
-            return refuse(
+            admit(
+                &mut tracker,
+                &mut unnoted,
+                &body,
+                &parts.headers,
+                metered,
+                identify,
+            );
+            return reject(
                 tracker,
                 ProxyError::bad_request("The request path is not valid."),
                 "invalid path",
@@ -296,10 +303,20 @@ async fn forward(
         // sent (identification, telling the observers) runs while the upstream works on it, off
         // the path to the first token. Admitting is idempotent: a retry's attempt skips it.
         let first = std::future::poll_fn(|cx| Poll::Ready(attempt.as_mut().poll(cx))).await;
-        if !retried {
-            tracker.defer_identity(identity());
-        }
-        admit(&mut tracker, &mut unnoted, &body, &parts.headers, metered);
+        // A retry's attempt was identified with the first.
+        let once = |t: &mut Tracker| {
+            if !retried {
+                identify(t);
+            }
+        };
+        admit(
+            &mut tracker,
+            &mut unnoted,
+            &body,
+            &parts.headers,
+            metered,
+            once,
+        );
         let answered = match first {
             Poll::Ready(r) => r,
             Poll::Pending => attempt.await,

@@ -6,7 +6,7 @@ mod build_record;
 mod meta;
 mod shared;
 
-pub use meta::{DeferredIdentity, RequestMeta, SessionClues};
+pub use meta::{RequestMeta, SessionClues};
 pub use shared::TrackerShared;
 
 use std::sync::atomic::Ordering;
@@ -79,11 +79,9 @@ pub struct Tracker {
     ttft_source: Option<&'static str>,
     /// Why a non-streamed request was not sent as a stream, or fell back to pass-through.
     ttft_fallback: Option<&'static str>,
-    /// The meta's identity, not yet worked out ([`Tracker::defer_identity`]).
-    identity: Option<DeferredIdentity>,
-    /// The body's `user`, for the deferred identity.
+    /// The body's `user`, for identification.
     body_user: Option<String>,
-    /// What names the session, for the deferred identity.
+    /// What names the session, worked out when the request is admitted or ends.
     session_clues: Option<SessionClues>,
     done: bool,
 }
@@ -141,36 +139,32 @@ impl Tracker {
             upstream_announced: false,
             ttft_source: None,
             ttft_fallback: None,
-            identity: None,
             body_user: None,
             session_clues: None,
             done: false,
         }
     }
 
-    /// Leaves the meta's identity to `fill`, run once before anything reads it: when the request
-    /// is admitted or ends. Identification (a key's SHA-256, the user agent's copy) shapes
-    /// nothing sent upstream, so the forwarder sends the request first.
-    pub fn defer_identity(&mut self, fill: DeferredIdentity) {
-        self.identity = Some(fill);
+    /// Fills the meta's identity (user, user agent, trace) with `fill`, given the body's `user`.
+    /// Identification (a key's SHA-256, the user agent's copy) shapes nothing sent upstream, so
+    /// the forwarder calls this once the request is on its way, before admitting it, or as it
+    /// refuses it.
+    pub fn identify(&mut self, fill: impl FnOnce(&mut RequestMeta, Option<&str>)) {
+        fill(&mut self.meta, self.body_user.as_deref());
     }
 
-    /// The body named a `user`: the deferred identity considers it.
+    /// The body named a `user`: identification considers it.
     pub fn set_body_user(&mut self, user: String) {
         self.body_user = Some(user);
     }
 
-    /// What names the request's session: read with the deferred identity.
+    /// What names the request's session: read when the request is admitted or ends.
     pub fn set_session_clues(&mut self, clues: SessionClues) {
         self.session_clues = Some(clues);
     }
 
-    /// Runs the deferred identity, if any is pending, and works out the session (reading the
-    /// conversation once the request is on its way).
-    fn settle_identity(&mut self) {
-        if let Some(fill) = self.identity.take() {
-            fill(&mut self.meta, self.body_user.as_deref());
-        }
+    /// Works out the session (reading the conversation once the request is on its way).
+    fn settle_session(&mut self) {
         if let Some(clues) = self.session_clues.take() {
             let conversation = clues.conversation.and_then(|b| {
                 serde_json::from_slice::<&serde_json::value::RawValue>(&b)
@@ -232,7 +226,7 @@ impl Tracker {
     /// The request was read and is being forwarded: its identity in the meta is settled, and
     /// observers hear of it.
     pub fn admit(&mut self) {
-        self.settle_identity();
+        self.settle_session();
         if self.metered && !self.announced {
             self.announced = true;
             self.waiting = true;
@@ -472,7 +466,7 @@ impl Tracker {
             return;
         }
         self.done = true;
-        self.settle_identity();
+        self.settle_session();
         let now_ns = Clock::global().at(now);
         if self.metered {
             self.shared.in_flight.depart(now_ns);

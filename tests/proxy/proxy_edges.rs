@@ -411,7 +411,7 @@ async fn a_canary_key_never_reaches_the_log_or_any_answer() {
     assert_eq!(lines[0]["path"], CHAT, "query string is not logged");
 }
 
-/// Identification runs after the request is written upstream (`Tracker::defer_identity`): a
+/// Identification runs after the request is written upstream (`Tracker::identify`): a
 /// request that ends before that, here a client that leaves in the middle of its body, is still
 /// logged with its user, its user's source and its user agent, as is one that is forwarded.
 #[tokio::test]

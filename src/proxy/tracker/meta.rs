@@ -51,7 +51,3 @@ pub struct SessionClues {
     /// Codex's `turn_id`, hashed, when the head carries one.
     pub turn_key: Option<u64>,
 }
-
-/// What fills the meta's identity (user, user agent, trace) from the request's head, given the
-/// body's `user`: run once, when the request is on its way upstream or when it ends before.
-pub type DeferredIdentity = Box<dyn FnOnce(&mut RequestMeta, Option<&str>) + Send>;
