@@ -258,6 +258,21 @@ async fn forward(
     let mut load = ups.pick(model.as_deref(), None, Clock::global().now());
     let mut retried = false;
     let headers_timeout = std::time::Duration::from_millis(cfg.timeouts.upstream_headers_ms);
+    // Admission with this request's body and head; `identifying`: not done before.
+    let admit_here = |tracker: &mut Tracker, unnoted: &mut Unnoted, identifying: bool| {
+        admit(
+            tracker,
+            unnoted,
+            &body,
+            &parts.headers,
+            metered,
+            |t: &mut Tracker| {
+                if identifying {
+                    identify(t);
+                }
+            },
+        );
+    };
     let resp = loop {
         let Some(l) = load.take() else {
             // Only reachable on a retry with no healthy replica left; the first pick always
@@ -272,14 +287,7 @@ async fn forward(
         let index = l.index;
         // A path that makes no URI is the client's; the replica's parts are always valid.
         let Some(target) = l.upstream.target.target(fwd_path, query) else {
-            admit(
-                &mut tracker,
-                &mut unnoted,
-                &body,
-                &parts.headers,
-                metered,
-                identify,
-            );
+            admit_here(&mut tracker, &mut unnoted, true);
             return reject(
                 tracker,
                 ProxyError::bad_request("The request path is not valid."),
@@ -304,19 +312,7 @@ async fn forward(
         // the path to the first token. Admitting is idempotent: a retry's attempt skips it.
         let first = std::future::poll_fn(|cx| Poll::Ready(attempt.as_mut().poll(cx))).await;
         // A retry's attempt was identified with the first.
-        let once = |t: &mut Tracker| {
-            if !retried {
-                identify(t);
-            }
-        };
-        admit(
-            &mut tracker,
-            &mut unnoted,
-            &body,
-            &parts.headers,
-            metered,
-            once,
-        );
+        admit_here(&mut tracker, &mut unnoted, !retried);
         let answered = match first {
             Poll::Ready(r) => r,
             Poll::Pending => attempt.await,
