@@ -7,6 +7,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use super::pool::PooledBody;
+use super::upstream_fields::UpstreamFields;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Sleep;
@@ -43,19 +44,17 @@ pub enum Reading {
 }
 
 impl Reading {
-    /// How a metered response with these `rparts` is read by `dialect`: as events, or as one
-    /// JSON body. A stream whose usage is stripped loses its `Content-Length`.
+    /// How a metered response with these `fields` is read by `dialect`: as events, or as one
+    /// JSON body. (A stream whose usage is stripped has no known length: its
+    /// `Content-Length` is left out, `MeteredBody::size_hint`.)
     pub fn for_response(
         dialect: &'static dyn Dialect,
-        rparts: &mut http::response::Parts,
+        fields: &UpstreamFields,
         is_sse: bool,
         strip_usage: bool,
         cfg: &ServeConfig,
     ) -> Reading {
         if is_sse {
-            if strip_usage {
-                rparts.headers.remove(http::header::CONTENT_LENGTH);
-            }
             Reading::Sse {
                 reader: dialect.stream_reader(),
                 scanner: SseScanner::new(cfg.max_sse_event_bytes),
@@ -63,7 +62,7 @@ impl Reading {
                 held: Default::default(),
                 max_held: cfg.max_sse_event_bytes,
             }
-        } else if content_type_starts(&rparts.headers, "application/json") {
+        } else if fields.content_type_starts("application/json") {
             Reading::Json {
                 dialect,
                 copy: Vec::new(),
@@ -74,17 +73,6 @@ impl Reading {
             Reading::Opaque
         }
     }
-}
-
-/// Whether the `Content-Type` starts with `prefix` (lowercase), in any case, after leading
-/// white space; a value that is not visible ASCII does not.
-pub(crate) fn content_type_starts(h: &http::HeaderMap, prefix: &str) -> bool {
-    h.get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            let v = v.trim_start().as_bytes();
-            v.len() >= prefix.len() && v[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
-        })
 }
 
 /// A body frame arrived too late.
@@ -119,6 +107,8 @@ pub struct MeteredBody {
     timer_waker: Option<Waker>,
     /// A frame handed to the server before it was measured.
     deferred: Option<Deferred>,
+    /// The upstream's fields, until the writer of the response head takes them.
+    fields: Option<UpstreamFields>,
 }
 
 /// A data frame handed to the server before it was measured: the meter reads it after the server
@@ -134,8 +124,15 @@ struct Deferred {
 }
 
 impl MeteredBody {
-    /// Wraps `inner`; the request's record is finished by this body from now on.
-    pub fn new(inner: PooledBody, tracker: Tracker, reading: Reading, idle: Duration) -> Self {
+    /// Wraps `inner`, headed by the upstream's `fields`; the request's record is finished by
+    /// this body from now on.
+    pub fn new(
+        inner: PooledBody,
+        tracker: Tracker,
+        reading: Reading,
+        idle: Duration,
+        fields: Option<UpstreamFields>,
+    ) -> Self {
         let now = Instant::now();
         let bodiless = inner.is_end_stream();
         let mut body = MeteredBody {
@@ -149,11 +146,23 @@ impl MeteredBody {
             timer: Box::pin(tokio::time::sleep_until((now + idle).into())),
             timer_waker: None,
             deferred: None,
+            fields,
         };
         if bodiless {
             body.end(Outcome::Ok, None);
         }
         body
+    }
+
+    /// The upstream's response has no body (HEAD, 204, 304, a zero length): its
+    /// `content-length`, if any, is forwarded as it came.
+    pub fn is_bodiless(&self) -> bool {
+        self.bodiless
+    }
+
+    /// The upstream's fields, taken by the writer of the response head.
+    pub fn take_fields(&mut self) -> Option<UpstreamFields> {
+        self.fields.take()
     }
 
     fn holds_bytes(&self) -> bool {
@@ -548,7 +557,15 @@ impl Body for MeteredBody {
             return SizeHint::with_exact(0);
         }
         match (&self.inner, &self.reading) {
-            (Some(b), Reading::Json { .. } | Reading::Opaque) => b.size_hint(),
+            // Bytes pass unchanged but for stripped usage events.
+            (
+                Some(b),
+                Reading::Json { .. }
+                | Reading::Opaque
+                | Reading::Sse {
+                    strip_usage: false, ..
+                },
+            ) => b.size_hint(),
             _ => SizeHint::default(),
         }
     }

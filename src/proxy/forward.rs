@@ -19,12 +19,11 @@ use crate::fleet::{Load, Upstreams};
 use crate::fold::Fold;
 use crate::proxy::admission::{admit, Unnoted};
 use crate::proxy::as_stream;
-use crate::proxy::body::{content_type_starts, MeteredBody, Reading};
+use crate::proxy::body::{MeteredBody, Reading};
 use crate::proxy::client_body::ClientBody;
 use crate::proxy::deferred_identity::{fill_identity, Client};
-use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::identity;
-use crate::proxy::pool::PooledBody;
+use crate::proxy::pool::UpstreamResponse;
 use crate::proxy::request::{inject_include_usage, RequestInfo};
 use crate::proxy::state::ProxyState;
 use crate::proxy::tracker::{RequestMeta, Tracker};
@@ -318,7 +317,7 @@ async fn forward(
             Poll::Pending => attempt.await,
         };
         match answered {
-            Ok(Ok(r)) if r.status().is_server_error() => {
+            Ok(Ok(r)) if r.status.is_server_error() => {
                 state.health.upstream_answered(index);
                 load = failed_attempt(ups, index, model.as_deref(), &mut retried);
                 if load.is_some() {
@@ -367,18 +366,22 @@ async fn forward(
         (as_stream, last_target)
     {
         // vLLM's errors before the stream starts (400, 404 JSON) pass through as they are.
-        if resp.status() == StatusCode::OK
-            && content_type_starts(resp.headers(), "text/event-stream")
-        {
-            let (mut rparts, rbody) = resp.into_parts();
+        if resp.status == StatusCode::OK && resp.fields.content_type_starts("text/event-stream") {
             let limits = as_stream::Limits {
                 idle: std::time::Duration::from_millis(cfg.timeouts.body_idle_ms),
                 max_event_bytes: cfg.max_sse_event_bytes,
                 max_held_bytes: cfg.max_response_scan_bytes,
             };
-            match as_stream::collect(rbody, dialect, fold.as_mut(), &mut tracker, &limits).await {
+            let UpstreamResponse {
+                status,
+                fields: sent,
+                body: stream,
+            } = resp;
+            match as_stream::collect(stream, dialect, fold.as_mut(), &mut tracker, &limits).await {
                 as_stream::Collected::Answer(answer) => {
-                    strip_hop_by_hop(&mut rparts.headers);
+                    let (mut rparts, ()) = Response::new(()).into_parts();
+                    rparts.status = status;
+                    rparts.headers = sent.header_map(http::HeaderMap::new(), None, true);
                     return as_stream::respond(rparts, answer, tracker);
                 }
                 as_stream::Collected::Failed(err, outcome, why) => {
@@ -406,19 +409,22 @@ async fn forward(
         }
     }
 
-    let (mut rparts, rbody) = resp.into_parts();
-    strip_hop_by_hop(&mut rparts.headers);
-    tracker.set_status(rparts.status.as_u16());
-    let is_sse = content_type_starts(&rparts.headers, "text/event-stream");
+    let UpstreamResponse {
+        status,
+        fields: sent,
+        body: rbody,
+    } = resp;
+    tracker.set_status(status.as_u16());
+    let is_sse = sent.content_type_starts("text/event-stream");
     let reading = match api.filter(|_| metered) {
         None => Reading::Opaque,
-        Some(api) => Reading::for_response(api.dialect(), &mut rparts, is_sse, strip_usage, cfg),
+        Some(api) => Reading::for_response(api.dialect(), &sent, is_sse, strip_usage, cfg),
     };
     let idle = std::time::Duration::from_millis(cfg.timeouts.body_idle_ms);
-    Response::from_parts(
-        rparts,
-        ProxyBody::Metered(Box::new(MeteredBody::new(rbody, tracker, reading, idle))),
-    )
+    let metered = MeteredBody::new(rbody, tracker, reading, idle, Some(sent));
+    let mut r = Response::new(ProxyBody::Metered(Box::new(metered)));
+    *r.status_mut() = status;
+    r
 }
 
 /// Records a failed attempt on replica `index` (refused, lost before the head, or 5xx: nothing
@@ -449,7 +455,7 @@ async fn send(
     state: &ProxyState,
     up: UpstreamRequest,
     index: usize,
-) -> Result<Response<PooledBody>, (ProxyError, Outcome, &'static str)> {
+) -> Result<UpstreamResponse, (ProxyError, Outcome, &'static str)> {
     let headers_timeout =
         std::time::Duration::from_millis(state.config.timeouts.upstream_headers_ms);
     match tokio::time::timeout(headers_timeout, state.pool.request(up)).await {

@@ -35,6 +35,7 @@ use tokio::sync::{oneshot, watch};
 
 use super::client_body::ClientBody;
 use super::pacemaker::Activity;
+use super::upstream_fields::Forwarded;
 use super::{forward, ProxyBody, ProxyState};
 
 /// Headers parsed per head: hyper's limit (a head with more is hyper's to refuse).
@@ -318,7 +319,8 @@ async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> bool {
     let (parts, mut body) = response.into_parts();
     out.clear();
-    let (mut framing, last) = encode_head(out, &parts.status, &parts.headers, &body);
+    let (mut framing, last) = encode_head(out, parts.status, &parts.headers, &mut body);
+    drop(parts);
     // As hyper's server does: the body is polled until it has nothing ready, what it gave goes
     // out in one write (the head with the first frames when they are there), then the body is
     // awaited. The metered body relies on that order: its first poll after a frame comes before
@@ -407,29 +409,44 @@ async fn write_out<S: AsyncWrite + Unpin>(io: &mut S, out: &mut Vec<u8>) -> bool
     ok
 }
 
-/// Encodes a response head as hyper's server does; returns the body's framing and whether the
-/// connection closes after it (`connection: close`).
+/// Encodes a response head as hyper's server does, the upstream's fields first, as it sent them
+/// (`UpstreamFields::forwarded`); returns the body's framing and whether the connection closes
+/// after it (`connection: close`).
 fn encode_head(
     out: &mut Vec<u8>,
-    status: &StatusCode,
+    status: StatusCode,
     headers: &HeaderMap,
-    body: &ProxyBody,
+    body: &mut ProxyBody,
 ) -> (Framing, bool) {
+    let sent = body.take_upstream_fields();
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+    match &sent {
+        Some(f) => out.extend_from_slice(&f.reason()),
+        None => out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes()),
+    }
     out.extend_from_slice(b"\r\n");
-    let has_body = !(status.is_informational()
-        || *status == StatusCode::NO_CONTENT
-        || *status == StatusCode::NOT_MODIFIED);
-    let known = if body.is_end_stream() {
-        Some(0)
-    } else {
-        body.size_hint().exact()
-    };
+    let (has_body, known) = body.sent_length(status);
     let mut framing = None;
     let (mut last, mut dated) = (false, false);
+    if let Some(f) = &sent {
+        f.forwarded(headers, known, has_body, |name, value| {
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b": ");
+            match value {
+                Forwarded::Sent(v) => {
+                    dated |= name.eq_ignore_ascii_case("date");
+                    out.extend_from_slice(v);
+                }
+                Forwarded::Length(n) => {
+                    framing = Some(Framing::Length(n));
+                    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+                }
+            }
+            out.extend_from_slice(b"\r\n");
+        });
+    }
     for (name, value) in headers {
         if *name == header::CONTENT_LENGTH {
             if framing.is_some() {

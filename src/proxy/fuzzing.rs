@@ -96,8 +96,8 @@ async fn read_one(conn: &mut H1Conn<Script>, method: &Method, out: &mut Outcome)
         Ok(head) => head,
         Err(e) => return fail(out, &e.error),
     };
-    out.status = Some(head.response.status().as_u16());
-    out.headers = fields(head.response.headers());
+    out.status = Some(head.status.as_u16());
+    out.headers = fields(&head.fields.as_sent());
     out.reusable = head.reusable;
     let mut body = Vec::new();
     while let Some(frame) = poll_fn(|cx| conn.poll_body(&mut head.framing, cx)).await {

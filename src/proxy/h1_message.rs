@@ -4,15 +4,14 @@
 //! parsed by `httparse`, hyper's own parser; `upstream_h1.rs` does the reading and writing.
 
 use std::io;
+use std::mem::MaybeUninit;
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Response, StatusCode, Version};
+use http::{Method, StatusCode, Version};
 
-use super::headers::list_elements;
-
-/// Most header fields a response head (or a trailer section) may have, as hyper allows.
-pub(super) const MAX_HEADERS: usize = 128;
+use super::headers::list_tokens;
+use super::upstream_fields::{parse, UpstreamFields, MAX_HEADERS};
 
 /// Why a response could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -54,24 +53,55 @@ pub enum Chunk {
     Trailers,
 }
 
-/// A response head as read: the response, how its body is framed, and whether the connection
+/// A response head as read: status, fields, how its body is framed, and whether the connection
 /// may carry another request once the body is over.
 #[derive(Debug)]
 pub struct Head {
-    /// Status, version, headers (as sent, framing headers included) and, for a reason phrase
-    /// that is not the status's canonical one, a [`hyper::ext::ReasonPhrase`] extension.
-    pub response: Response<()>,
+    /// The status.
+    pub status: StatusCode,
+    /// HTTP/1.0 or HTTP/1.1 (the framing's, and the tests'; the client is answered in HTTP/1.1).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub version: Version,
+    /// The fields as sent, framing fields included; the reason phrase too.
+    pub fields: UpstreamFields,
     /// How the body is delimited.
     pub framing: Framing,
     /// The connection may be kept once the body has been read to its end.
     pub reusable: bool,
 }
 
+/// A response head as parsed, before its framing is decided (an interim one is read past).
+#[derive(Debug)]
+pub(super) struct Parsed {
+    /// The status.
+    pub status: StatusCode,
+    version: Version,
+    fields: UpstreamFields,
+    framing: FramingFields,
+}
+
+/// What the fields say of the body's framing and the connection, read in the parse's pass.
+#[derive(Debug)]
+struct FramingFields {
+    /// `Connection` lists `close`.
+    close: bool,
+    /// `Connection` lists `keep-alive`.
+    keep_alive: bool,
+    /// A `Transfer-Encoding` field is there.
+    transfer_encoding: bool,
+    /// The last transfer coding named is `chunked`.
+    chunked_last: bool,
+    /// A `Content-Length` field is there.
+    has_length: bool,
+    /// The `content-length`, if any; `Err` if its values are invalid or disagree.
+    length: Result<Option<u64>, ()>,
+}
+
 /// Parses a complete head at the start of `buf` and takes it off; `None` while it is partial.
-pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<Response<()>>, H1Error> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut fields);
-    let n = match parsed.parse(buf) {
+pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<Parsed>, H1Error> {
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let (parsed, result) = parse(buf, &mut fields);
+    let n = match result {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => {
@@ -88,21 +118,50 @@ pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<Response<()>>, H1E
     } else {
         Version::HTTP_11
     };
-    let mut response = Response::new(());
-    *response.status_mut() = status;
-    *response.version_mut() = version;
-    *response.headers_mut() = header_map(parsed.headers)?;
-    let reason = parsed.reason.unwrap_or("");
-    if status.canonical_reason() != Some(reason) {
-        if let Ok(r) = hyper::ext::ReasonPhrase::try_from(reason.as_bytes()) {
-            response.extensions_mut().insert(r);
+    // httparse takes the names and values `HeaderName` and `HeaderValue` take (RFC 9110 §5.1,
+    // §5.5): tokens, and visible ASCII, tabs, spaces and obs-text.
+    let mut framing = FramingFields {
+        close: false,
+        keep_alive: false,
+        transfer_encoding: false,
+        chunked_last: false,
+        has_length: false,
+        length: Ok(None),
+    };
+    let mut content_type = None;
+    let at = |v: &[u8]| (v.as_ptr() as usize - buf.as_ptr() as usize) as u32;
+    for h in parsed.headers.iter() {
+        let is = |n: &HeaderName| h.name.eq_ignore_ascii_case(n.as_str());
+        // A list field that is not visible ASCII is not read (as `HeaderValue::to_str`).
+        let tokens = || list_tokens(h.value).filter(|_| visible(h.value));
+        if is(&header::CONNECTION) {
+            for t in tokens() {
+                framing.close |= t.eq_ignore_ascii_case(b"close");
+                framing.keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
+            }
+        } else if is(&header::TRANSFER_ENCODING) {
+            framing.transfer_encoding = true;
+            if let Some(last) = tokens().last() {
+                framing.chunked_last = last.eq_ignore_ascii_case(b"chunked");
+            }
+        } else if is(&header::CONTENT_LENGTH) {
+            framing.has_length = true;
+            framing.length = framing.length.and_then(|l| content_length(l, h.value));
+        } else if is(&header::CONTENT_TYPE) && content_type.is_none() {
+            content_type = Some((at(h.value), at(h.value) + h.value.len() as u32));
         }
     }
+    let fields = UpstreamFields::new(Bytes::copy_from_slice(&buf[..n]), content_type);
     buf.advance(n);
-    Ok(Some(response))
+    Ok(Some(Parsed {
+        status,
+        version,
+        fields,
+        framing,
+    }))
 }
 
-/// The header fields of a head or trailer section as a map, in order.
+/// The fields of a trailer section as a map, in order.
 pub(super) fn header_map(fields: &[httparse::Header<'_>]) -> Result<HeaderMap, H1Error> {
     let mut map = HeaderMap::with_capacity(fields.len());
     for f in fields {
@@ -115,18 +174,27 @@ pub(super) fn header_map(fields: &[httparse::Header<'_>]) -> Result<HeaderMap, H
     Ok(map)
 }
 
-/// How the body of `response` to a `method` request is framed (RFC 9112 §6.3), and whether its
+/// Whether a value is visible ASCII and tabs, as `HeaderValue::to_str` takes it.
+fn visible(v: &[u8]) -> bool {
+    v.iter().all(|&b| b == b'\t' || (32..127).contains(&b))
+}
+
+/// How the body of a `method` request's response is framed (RFC 9112 §6.3), and whether its
 /// connection may be kept. An invalid `content-length` leaves the body's end unknown: the
-/// response is refused, as §6.3 tells a user agent to.
-pub(super) fn frame_head(mut response: Response<()>, method: &Method) -> Result<Head, H1Error> {
-    let headers = response.headers();
-    let status = response.status();
+/// response is refused, as §6.3 tells a user agent to. What the client gets of the framing
+/// fields is the writer's (`UpstreamFields::forwarded`): a length that does not describe the
+/// body (beside a transfer coding, §6.3 point 3) is left out, and a list of equal lengths
+/// (§6.3, point 5) goes as the one length it means.
+pub(super) fn frame_head(parsed: Parsed, method: &Method) -> Result<Head, H1Error> {
+    let Parsed {
+        status,
+        version,
+        fields,
+        framing: f,
+    } = parsed;
     // RFC 9112 §9.3: `close` ends the connection whatever else `Connection` lists; HTTP/1.0 keeps
     // it only when asked to.
-    let close = has_token(headers, &header::CONNECTION, "close");
-    let keep_alive = !close
-        && (response.version() != Version::HTTP_10
-            || has_token(headers, &header::CONNECTION, "keep-alive"));
+    let keep_alive = !f.close && (version != Version::HTTP_10 || f.keep_alive);
     let (framing, reusable) = if status == StatusCode::SWITCHING_PROTOCOLS {
         (Framing::Done, false)
     } else if method == Method::HEAD
@@ -135,85 +203,60 @@ pub(super) fn frame_head(mut response: Response<()>, method: &Method) -> Result<
         || status == StatusCode::NOT_MODIFIED
     {
         (Framing::Done, keep_alive)
-    } else if headers.contains_key(header::TRANSFER_ENCODING) {
-        if response.version() == Version::HTTP_10 {
+    } else if f.transfer_encoding {
+        if version == Version::HTTP_10 {
             // HTTP/1.0 has no transfer codings (RFC 9112 §6.1): the framing of a body cannot be
             // trusted, and hyper refuses it too. (A response without a body, above, has none to
             // frame: §6.3 rule 1 comes first.)
             return Err(H1Error::Invalid("HTTP/1.0 response with transfer-encoding"));
         }
-        let framing = if last_coding_is_chunked(headers) {
+        let framing = if f.chunked_last {
             Framing::Chunked(Chunk::Size)
         } else {
             Framing::UntilClose
         };
-        // With a length beside it the framing is suspect (§6.1): the chunks are read, the
-        // connection is not kept, and the length, which does not describe the body, is removed
-        // before the response is forwarded (§6.3, point 3).
-        let suspect = headers.contains_key(header::CONTENT_LENGTH);
-        response.headers_mut().remove(header::CONTENT_LENGTH);
+        // With a length beside it the framing is suspect (§6.1): the chunks are read and the
+        // connection is not kept.
         let chunked = matches!(framing, Framing::Chunked(_));
-        (framing, keep_alive && chunked && !suspect)
+        (framing, keep_alive && chunked && !f.has_length)
     } else {
-        let fields = headers.get_all(header::CONTENT_LENGTH).iter().count();
-        let length =
-            content_length(headers).map_err(|()| H1Error::Invalid("invalid content-length"))?;
-        if let Some(n) = length {
-            if fields > 1
-                || headers
-                    .get(header::CONTENT_LENGTH)
-                    .is_some_and(|v| v.as_bytes().contains(&b','))
-            {
-                // A list of equal lengths (§6.3, point 5) is forwarded as the one length it
-                // means, not as it came.
-                response
-                    .headers_mut()
-                    .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
-            }
-        }
-        match length {
+        match f
+            .length
+            .map_err(|()| H1Error::Invalid("invalid content-length"))?
+        {
             Some(0) => (Framing::Done, keep_alive),
             Some(n) => (Framing::Length(n), keep_alive),
             None => (Framing::UntilClose, false),
         }
     };
     Ok(Head {
-        response,
+        status,
+        version,
+        fields,
         framing,
         reusable,
     })
 }
 
-/// The `content-length`, if any; `Err` if its values are invalid or disagree.
-fn content_length(headers: &HeaderMap) -> Result<Option<u64>, ()> {
-    let mut length = None;
-    for v in headers.get_all(header::CONTENT_LENGTH) {
-        for part in v.to_str().map_err(|_| ())?.split(',') {
-            // Digits only (RFC 9110 §8.6: `1*DIGIT`): `parse` alone would take `+5`.
-            let part = part.trim();
-            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(());
-            }
-            let n: u64 = part.parse().map_err(|_| ())?;
-            if length.is_some_and(|l| l != n) {
-                return Err(());
-            }
-            length = Some(n);
+/// The `content-length` so far, `length`, with one more field's `value`; `Err` if the value is
+/// invalid or disagrees.
+fn content_length(mut length: Option<u64>, value: &[u8]) -> Result<Option<u64>, ()> {
+    for part in value.split(|&b| b == b',') {
+        // Digits only (RFC 9110 §8.6: `1*DIGIT`): `parse` alone would take `+5`.
+        let part = part.trim_ascii();
+        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+            return Err(());
         }
+        let n: u64 = std::str::from_utf8(part)
+            .map_err(|_| ())?
+            .parse()
+            .map_err(|_| ())?;
+        if length.is_some_and(|l| l != n) {
+            return Err(());
+        }
+        length = Some(n);
     }
     Ok(length)
-}
-
-/// Whether the last transfer coding named is `chunked`.
-fn last_coding_is_chunked(headers: &HeaderMap) -> bool {
-    list_elements(headers, &header::TRANSFER_ENCODING)
-        .next_back()
-        .is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
-}
-
-/// Whether a comma-separated header lists `token` (case-insensitive).
-fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    list_elements(headers, name).any(|t| t.eq_ignore_ascii_case(token))
 }
 
 /// The size of a chunk from its size line, and how many bytes of extensions the line carries.

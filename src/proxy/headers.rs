@@ -32,6 +32,21 @@ pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(name) || name.as_str().starts_with("proxy-")
 }
 
+/// [`is_hop_by_hop`] for a field's name as it came on the wire, in any case.
+pub(crate) fn is_hop_by_hop_name(name: &str) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h.as_str()))
+        || name
+            .get(..6)
+            .is_some_and(|p| p.eq_ignore_ascii_case("proxy-"))
+}
+
+/// The elements of one comma-separated list field's value (RFC 9110 §5.6.1), trimmed.
+pub(crate) fn list_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value.split(|&b| b == b',').map(<[u8]>::trim_ascii)
+}
+
 /// Removes hop-by-hop headers: the fixed set, every `Proxy-*` header, and those `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most heads carry none, which one pass over the names tells (a name listed in `Connection`

@@ -31,6 +31,7 @@ mod state;
 mod token_run;
 mod tracker;
 mod upstream_error;
+mod upstream_fields;
 mod upstream_h1;
 mod upstream_head;
 
@@ -55,6 +56,7 @@ pub use request_id::RequestId;
 pub use serving::upstream_pool;
 pub use state::ProxyState;
 pub use tracker::{RequestMeta, Tracker, TrackerShared};
+use upstream_fields::UpstreamFields;
 
 use crate::config::ServeConfig;
 
@@ -205,6 +207,50 @@ impl Body for ProxyBody {
             ProxyBody::Stats(b) => b.size_hint(),
         }
     }
+}
+
+impl ProxyBody {
+    /// The upstream's fields that head this body, taken: the writer of the response head writes
+    /// them before the response's own (`UpstreamFields::forwarded`).
+    pub(crate) fn take_upstream_fields(&mut self) -> Option<UpstreamFields> {
+        match self {
+            ProxyBody::Metered(b) => b.take_fields(),
+            _ => None,
+        }
+    }
+
+    /// Whether a response of `status` with this body sends one (RFC 9110 §6.4.1: not 1xx, 204,
+    /// 304, nor the upstream's answer to `HEAD`), and the body's length when it is known.
+    pub(crate) fn sent_length(&self, status: http::StatusCode) -> (bool, Option<u64>) {
+        let has_body = !(status.is_informational()
+            || status == http::StatusCode::NO_CONTENT
+            || status == http::StatusCode::NOT_MODIFIED
+            || matches!(self, ProxyBody::Metered(b) if b.is_bodiless()));
+        let known = if self.is_end_stream() {
+            Some(0)
+        } else {
+            self.size_hint().exact()
+        };
+        (has_body, known)
+    }
+}
+
+/// `r` with all its fields in its map, the upstream's first: for a writer that takes only a
+/// `HeaderMap` (hyper's server).
+pub(crate) fn fields_in_map(mut r: Response<ProxyBody>) -> Response<ProxyBody> {
+    if let Some(sent) = r.body_mut().take_upstream_fields() {
+        let (has_body, known) = r.body().sent_length(r.status());
+        let own = std::mem::take(r.headers_mut());
+        *r.headers_mut() = sent.header_map(own, known, has_body);
+        // The upstream's reason phrase, as the front writes it.
+        let reason = sent.reason();
+        if r.status().canonical_reason().map(str::as_bytes) != Some(&reason[..]) {
+            if let Ok(reason) = hyper::ext::ReasonPhrase::try_from(reason) {
+                r.extensions_mut().insert(reason);
+            }
+        }
+    }
+    r
 }
 
 /// Answers a `/stats*` request with `router`.

@@ -22,10 +22,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
-use http::{Response, Uri};
+use http::{StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
 use tower::{Service, ServiceExt};
 
+use super::upstream_fields::UpstreamFields;
 use super::upstream_h1::{Framing, H1Conn, H1Error, Head};
 use super::upstream_head::UpstreamRequest;
 use crate::tls::UpstreamConnector;
@@ -81,6 +82,16 @@ impl Wake for Stirred {
     }
 }
 
+/// An upstream's response: its status, its fields as sent, and its body.
+pub struct UpstreamResponse {
+    /// The status.
+    pub status: StatusCode,
+    /// The fields, framing and hop-by-hop ones included.
+    pub fields: UpstreamFields,
+    /// The body, read from the connection as it is polled.
+    pub body: PooledBody,
+}
+
 /// Why a request could not be sent or answered.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -123,10 +134,7 @@ impl UpstreamPool {
     /// when none of it reached the socket of a kept connection that turned out closed: once a
     /// byte is written the upstream may have taken the request, and a generation is never
     /// started twice.
-    pub async fn request(
-        &self,
-        req: UpstreamRequest,
-    ) -> Result<Response<PooledBody>, UpstreamError> {
+    pub async fn request(&self, req: UpstreamRequest) -> Result<UpstreamResponse, UpstreamError> {
         let key = match (req.origin.scheme(), req.origin.authority()) {
             (Some(s), Some(a)) => (s.clone(), a.clone()),
             _ => return Err(UpstreamError::Uri),
@@ -137,9 +145,11 @@ impl UpstreamPool {
                 None => (self.connect(&req.origin).await?, false),
             };
             let Head {
-                response,
+                status,
+                fields,
                 framing,
                 reusable,
+                ..
             } = match upstream
                 .send(req.head.clone(), req.body.clone(), &req.method)
                 .await
@@ -162,7 +172,11 @@ impl UpstreamPool {
             if framing == Framing::Done {
                 body.give_back();
             }
-            return Ok(response.map(|()| body));
+            return Ok(UpstreamResponse {
+                status,
+                fields,
+                body,
+            });
         }
     }
 

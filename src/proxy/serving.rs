@@ -243,7 +243,8 @@ impl Fallback {
             let st = st.clone();
             async move {
                 let req = req.map(ClientBody::Hyper);
-                Ok::<_, std::convert::Infallible>(forward::handle(st, req, remote, ambiguous).await)
+                let response = forward::handle(st, req, remote, ambiguous).await;
+                Ok::<_, std::convert::Infallible>(super::fields_in_map(response))
             }
         });
         // hyper's bare answer to a head it refuses is replaced by the proxy's.

@@ -17,7 +17,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::HeaderMap;
-use http::{Method, Response};
+use http::Method;
 use http_body::Frame;
 use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWrite;
@@ -25,9 +25,10 @@ use tokio::io::AsyncWrite;
 use tokio::io::AsyncWriteExt;
 
 use super::h1_message::{
-    chunk_size, crlf_lines, frame_head, header_map, is_interim, parse_head, MAX_HEADERS,
+    chunk_size, crlf_lines, frame_head, header_map, is_interim, parse_head, Parsed,
 };
 pub use super::h1_message::{Chunk, Framing, H1Error, Head};
+use super::upstream_fields::MAX_HEADERS;
 
 /// Longest response head (or chunk-size line plus trailers) read before it is refused.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -116,7 +117,7 @@ where
                     return Poll::Ready(Err((total - out.remaining(), H1Error::Io(e))));
                 }
                 Poll::Pending => match ready!(self.poll_parse_head(cx)) {
-                    Ok(r) if is_interim(r.status()) => {
+                    Ok(r) if is_interim(r.status) => {
                         interim += 1;
                         if interim > MAX_INTERIM_RESPONSES {
                             let e = H1Error::Invalid("too many interim responses");
@@ -171,7 +172,7 @@ where
     ) -> Result<Head, H1Error> {
         loop {
             let response = poll_fn(|cx| self.poll_parse_head(cx)).await?;
-            if is_interim(response.status()) {
+            if is_interim(response.status) {
                 interim += 1;
                 if interim > MAX_INTERIM_RESPONSES {
                     return Err(H1Error::Invalid("too many interim responses"));
@@ -183,12 +184,12 @@ where
     }
 
     /// The framing of a final response head; a new body starts.
-    fn frame(&mut self, response: Response<()>, method: &Method) -> Result<Head, H1Error> {
+    fn frame(&mut self, response: Parsed, method: &Method) -> Result<Head, H1Error> {
         self.extension_bytes = 0;
         frame_head(response, method)
     }
 
-    fn poll_parse_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<()>, H1Error>> {
+    fn poll_parse_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Parsed, H1Error>> {
         loop {
             if !self.buf.is_empty() {
                 if let Some(response) = parse_head(&mut self.buf)? {

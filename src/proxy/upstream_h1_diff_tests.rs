@@ -27,7 +27,7 @@ use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::H1Conn;
+use super::{Framing, H1Conn};
 use crate::proxy::upstream_head::encode_head;
 
 #[path = "upstream_h1_diff_cases.rs"]
@@ -71,6 +71,26 @@ impl Read {
             trailers: None,
             reusable: false,
         }
+    }
+
+    /// What ours read, as the proxy reads it: a length beside a transfer coding, which does not
+    /// describe the body, is not forwarded (`UpstreamFields::forwarded`), and not read here.
+    fn of_ours(head: &super::Head) -> Read {
+        let mut map = head.fields.as_sent();
+        if matches!(head.framing, Framing::Chunked(_) | Framing::UntilClose) {
+            map.remove(http::header::CONTENT_LENGTH);
+        }
+        let reason = head.fields.reason();
+        let mut response = Response::new(());
+        *response.status_mut() = head.status;
+        *response.version_mut() = head.version;
+        *response.headers_mut() = map;
+        if head.status.canonical_reason().map(str::as_bytes) != Some(&reason[..]) {
+            response
+                .extensions_mut()
+                .insert(ReasonPhrase::try_from(reason).unwrap());
+        }
+        Read::of(&response)
     }
 
     fn frame(&mut self, frame: Frame<Bytes>) {
@@ -163,7 +183,7 @@ async fn ours(addr: SocketAddr, method: &Method) -> Result<Read, String> {
         .send(encode_head(&req, 0), Bytes::new(), method)
         .await
         .map_err(|e| format!("head: {}", e.error))?;
-    let mut read = Read::of(&head.response);
+    let mut read = Read::of_ours(&head);
     while let Some(frame) = poll_fn(|cx| c.poll_body(&mut head.framing, cx)).await {
         read.frame(frame.map_err(|e| format!("body: {e}"))?);
     }

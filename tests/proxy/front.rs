@@ -93,6 +93,82 @@ async fn a_response_from_the_front_is_framed_and_dated_as_hyper_frames_it() {
     proxy.stop().await;
 }
 
+/// The fields of a response head, one per line, the status line first, the `date` value out.
+fn head_lines(raw: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(raw);
+    let head = &text[..text.find("\r\n\r\n").expect("a whole head")];
+    head.split("\r\n")
+        .map(|l| match l.split_once(": ") {
+            Some((n, _)) if n.eq_ignore_ascii_case("date") || n == "x-request-id" => n.to_owned(),
+            _ => l.to_owned(),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_upstreams_fields_reach_the_client_in_its_order_less_hop_by_hop_ones() {
+    let body = r#"{"id":"r","object":"chat.completion","choices":[]}"#;
+    let answer = format!(
+        "HTTP/1.1 200 Fine\r\nServer: up\r\nConnection: keep-alive, X-Hop\r\nContent-Type: application/json\r\n\
+X-Hop: 1\r\nX-Request-Id: upstream\r\nContent-Length: {n}, {n}\r\nKeep-Alive: timeout=5\r\nx-b: 2\r\n\
+Proxy-Foo: 3\r\nX-A: 1\r\nDate: Sun, 06 Dec 2026 10:00:00 GMT\r\n\r\n{body}",
+        n = body.len()
+    );
+    let script = || Script {
+        steps: vec![Step::Raw(Duration::ZERO, answer.clone().into_bytes())],
+    };
+    let up = FakeUpstream::start(vec![script(), script()]).await;
+    let proxy = TestProxy::start(&up.url(), |_| {}).await;
+    // Served by the front; then, `connection: close`, by hyper's server.
+    let mut heads = Vec::new();
+    for extra in ["", "connection: close\r\n"] {
+        let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+        c.write_all(post(r#"{"model":"m"}"#, extra).as_bytes())
+            .await
+            .unwrap();
+        let mut raw = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut raw))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            raw[..n].ends_with(body.as_bytes()),
+            "{:?}",
+            String::from_utf8_lossy(&raw[..n])
+        );
+        heads.push(head_lines(&raw[..n]));
+    }
+    // As sent, the one length it means, the proxy's request id in place of the upstream's.
+    assert_eq!(
+        heads[0],
+        [
+            "HTTP/1.1 200 Fine",
+            "Server: up",
+            "Content-Type: application/json",
+            &format!("Content-Length: {}", body.len()),
+            "x-b: 2",
+            "X-A: 1",
+            "Date",
+            "x-request-id",
+        ]
+    );
+    // hyper's server writes names in lowercase, and `connection: close` for this client.
+    let lower: Vec<String> = heads[0][1..]
+        .iter()
+        .map(|l| l.to_ascii_lowercase())
+        .collect();
+    assert_eq!(heads[1][0], "HTTP/1.1 200 Fine");
+    assert_eq!(
+        heads[1][1..]
+            .iter()
+            .filter(|l| *l != "connection: close")
+            .cloned()
+            .collect::<Vec<_>>(),
+        lower
+    );
+    proxy.stop().await;
+}
+
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_at_the_head_read_timeout() {
     let up = FakeUpstream::start(vec![json_answer(0)]).await;
