@@ -2,8 +2,9 @@
 
 use http::header::{self, HeaderMap, HeaderName};
 
-/// Headers that are hop-by-hop by definition.
-const HOP_BY_HOP: [HeaderName; 6] = [
+/// Headers that are hop-by-hop by definition (a static: a `const` array would be built and
+/// dropped at each use).
+static HOP_BY_HOP: [HeaderName; 6] = [
     header::CONNECTION,
     header::TE,
     header::TRAILER,
