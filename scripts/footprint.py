@@ -6,7 +6,7 @@ none of the proxy's code in the CPU's caches, and each 64-byte line of code it r
 The count of such lines repeats exactly between runs, where the added TTFT of one run differs
 from the next by tens of microseconds (docs/performance.md, issue 37).
 
-Three windows, each over the same keep-alive chat stream request (a bearer key, no
+Four windows, each over the same keep-alive chat stream request (a bearer key, no
 `stream_options`, as the overhead benchmark's Python peers send it), through the simulator:
 
 - `tokenmeter handler`: the request's handler (`forward::handle`) and the front's build of its
@@ -14,6 +14,8 @@ Three windows, each over the same keep-alive chat stream request (a bearer key, 
   the identification, the response head's parse and framing, its hop-by-hop fields, the metered
   body's setup): about the work between the client's request and the upstream write (the
   front's parse of the head, inlined in its loop, is not in it);
+- `tokenmeter response head`: the upstream's response head read, parsed and framed, what the
+  handler makes of it (its content type, the metered body) and the client's head encoded;
 - `tokenmeter whole`: everything the process runs per request, all threads;
 - `nginx whole`: the same for nginx (one worker, no master, access log on), when installed.
 
@@ -49,6 +51,20 @@ HANDLER_TOGGLES = [
     "tokenmeter::proxy::body::Reading::for_response",
     "tokenmeter::proxy::h1_message::frame_head",
     "tokenmeter::proxy::body::content_type_starts",
+    "tokenmeter::proxy::upstream_fields::UpstreamFields::content_type_starts",
+]
+# The response head's window: its parse and framing, what the handler makes of it, and the
+# client head's encoding (the names of this build and of the builds before 324f682; none of them
+# runs inside another for a stream).
+RESPONSE_HEAD_TOGGLES = [
+    "tokenmeter::proxy::upstream_h1::H1Conn<T>::poll_parse_head",
+    "tokenmeter::proxy::h1_message::frame_head",
+    "tokenmeter::proxy::body::content_type_starts",
+    "tokenmeter::proxy::upstream_fields::UpstreamFields::content_type_starts",
+    "tokenmeter::proxy::headers::strip_hop_by_hop",
+    "tokenmeter::proxy::body::Reading::for_response",
+    "tokenmeter::proxy::body::MeteredBody::new",
+    "tokenmeter::proxy::front_h1::encode_head",
 ]
 # What runs after the upstream write in this build but before it in older ones (`--post-write`).
 # A toggle flips collection on every entry: a function that runs inside one already left out
@@ -183,13 +199,14 @@ def main():
         wait_port(sim_port, "the simulator")
         env = dict(os.environ, TOKENMETER_LOG="warn")
         post = [f"tokenmeter::proxy::{f}" for f in o.post_write.split(",") if f]
-        for name, toggles in (("handler", HANDLER_TOGGLES + post), ("whole", None)):
+        for name, toggles in (("handler", HANDLER_TOGGLES + post),
+                              ("response head", RESPONSE_HEAD_TOGGLES), ("whole", None)):
             port = free_port()
             cmd = [o.bin, "serve", "--listen", f"127.0.0.1:{port}", "--upstream",
                    f"http://127.0.0.1:{sim_port}", "--access-log",
-                   os.path.join(d, f"access-{name}.jsonl")]
+                   os.path.join(d, f"access-{name.replace(' ', '-')}.jsonl")]
             rows.append((f"tokenmeter {name}",) + profile(cmd, port, o.requests, toggles, d,
-                                                           f"tm-{name}", env))
+                                                           f"tm-{name.replace(' ', '-')}", env))
         if o.nginx != "none" and os.path.exists(o.nginx):
             port = free_port()
             ng = os.path.join(d, "nginx")
