@@ -66,6 +66,9 @@ RESPONSE_HEAD_TOGGLES = [
     "tokenmeter::proxy::body::MeteredBody::new",
     "tokenmeter::proxy::front_h1::encode_head",
 ]
+# The admission: what is recorded of the request once it is written upstream (its identity, what
+# its body says, its session's clues, the observers told), while the upstream works on it.
+ADMISSION_TOGGLES = ["tokenmeter::proxy::admission::admit"]
 # What runs after the upstream write in this build but before it in older ones (`--post-write`).
 # A toggle flips collection on every entry: a function that runs inside one already left out
 # (identification, inside the admission) must not be listed.
@@ -200,7 +203,8 @@ def main():
         env = dict(os.environ, TOKENMETER_LOG="warn")
         post = [f"tokenmeter::proxy::{f}" for f in o.post_write.split(",") if f]
         for name, toggles in (("handler", HANDLER_TOGGLES + post),
-                              ("response head", RESPONSE_HEAD_TOGGLES), ("whole", None)):
+                              ("response head", RESPONSE_HEAD_TOGGLES),
+                              ("admission", ADMISSION_TOGGLES), ("whole", None)):
             port = free_port()
             cmd = [o.bin, "serve", "--listen", f"127.0.0.1:{port}", "--upstream",
                    f"http://127.0.0.1:{sim_port}", "--access-log",

@@ -90,8 +90,44 @@ pub fn key_pseudonym(key: &str) -> String {
     pseudonym_of(&digest(key))
 }
 
+/// Keys (up to [`DIGEST_MEMO_KEY_BYTES`] long) whose digests a serving thread keeps.
+const DIGEST_MEMO_KEYS: usize = 8;
+/// The longest key whose digest is kept: a key is tens of bytes, and a client's header must not
+/// make the proxy keep more than a few KiB.
+const DIGEST_MEMO_KEY_BYTES: usize = 256;
+
+/// The SHA-256 of `key`. An agent sends the same key with every request, and its digest was the
+/// largest single part of the work after the upstream write, which on a small box delays the
+/// upstream's own wake-up (docs/performance.md): each thread keeps the digests of the last few
+/// keys it saw. A key is compared with each kept one in constant time, with no early exit.
 fn digest(key: &str) -> [u8; 32] {
-    Sha256::digest(key.as_bytes()).into()
+    type Kept = (usize, Vec<(Box<[u8]>, [u8; 32])>);
+    thread_local! {
+        static KEPT: std::cell::RefCell<Kept> = const { std::cell::RefCell::new((0, Vec::new())) };
+    }
+    let key = key.as_bytes();
+    if key.len() > DIGEST_MEMO_KEY_BYTES {
+        return Sha256::digest(key).into();
+    }
+    KEPT.with_borrow_mut(|(next, kept)| {
+        let mut found = None;
+        for (k, d) in kept.iter() {
+            if constant_time_eq(k, key) && found.is_none() {
+                found = Some(*d);
+            }
+        }
+        if let Some(d) = found {
+            return d;
+        }
+        let d: [u8; 32] = Sha256::digest(key).into();
+        if kept.len() < DIGEST_MEMO_KEYS {
+            kept.push((Box::from(key), d));
+        } else {
+            kept[*next] = (Box::from(key), d);
+            *next = (*next + 1) % DIGEST_MEMO_KEYS;
+        }
+        d
+    })
 }
 
 fn pseudonym_of(d: &[u8; 32]) -> String {
@@ -305,6 +341,26 @@ mod tests {
         let both = headers(&[("authorization", "Bearer sk-b"), ("x-api-key", "sk-x")]);
         assert_eq!(bearer_key(&both), Some("sk-b"));
         assert_eq!(bearer_key(&headers(&[("x-api-key", " ")])), None);
+    }
+
+    #[test]
+    fn kept_digests_are_the_keys_own() {
+        // More keys than are kept, each asked three times, one of them past the kept length.
+        let long = "k".repeat(DIGEST_MEMO_KEY_BYTES + 1);
+        let keys: Vec<String> = (0..DIGEST_MEMO_KEYS * 2 + 3)
+            .map(|i| format!("sk-{i}"))
+            .chain([long])
+            .collect();
+        for _ in 0..3 {
+            for k in &keys {
+                let want: [u8; 32] = Sha256::digest(k.as_bytes()).into();
+                assert_eq!(digest(k), want, "{k}");
+            }
+            for k in keys.iter().rev().take(3) {
+                let want: [u8; 32] = Sha256::digest(k.as_bytes()).into();
+                assert_eq!(digest(k), want, "{k}");
+            }
+        }
     }
 
     #[test]
