@@ -75,8 +75,21 @@ async fn late_bodies_pipelined_requests_and_a_hand_over_share_one_connection_in_
 async fn a_response_from_the_front_is_framed_and_dated_as_hyper_frames_it() {
     let up = FakeUpstream::start(vec![json_answer(0)]).await;
     let proxy = TestProxy::start(&up.url(), |_| {}).await;
-    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
-    c.write_all(post(r#"{"model":"m"}"#, "connection: keep-alive\r\n").as_bytes())
+    let raw = first_read(proxy.addr, "connection: keep-alive\r\n").await;
+    let got = parse_response(&raw);
+    assert_eq!(got.status, 200);
+    let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+    assert!(head.contains("\r\ncontent-length: "), "{head}");
+    assert!(head.contains("\r\ndate: "), "{head}");
+    assert!(head.contains("\r\nx-request-id: "), "{head}");
+    proxy.stop().await;
+}
+
+/// Sends a chat request with the `extra` head fields on a new connection; what the first read
+/// gives back.
+async fn first_read(addr: std::net::SocketAddr, extra: &str) -> Vec<u8> {
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(post(r#"{"model":"m"}"#, extra).as_bytes())
         .await
         .unwrap();
     let mut raw = vec![0u8; 4096];
@@ -84,13 +97,8 @@ async fn a_response_from_the_front_is_framed_and_dated_as_hyper_frames_it() {
         .await
         .unwrap()
         .unwrap();
-    let got = parse_response(&raw[..n]);
-    assert_eq!(got.status, 200);
-    let head = String::from_utf8_lossy(&raw[..n]).to_ascii_lowercase();
-    assert!(head.contains("\r\ncontent-length: "), "{head}");
-    assert!(head.contains("\r\ndate: "), "{head}");
-    assert!(head.contains("\r\nx-request-id: "), "{head}");
-    proxy.stop().await;
+    raw.truncate(n);
+    raw
 }
 
 /// The fields of a response head, one per line, the status line first, the `date` value out.
@@ -122,21 +130,13 @@ Proxy-Foo: 3\r\nX-A: 1\r\nDate: Sun, 06 Dec 2026 10:00:00 GMT\r\n\r\n{body}",
     // Served by the front; then, `connection: close`, by hyper's server.
     let mut heads = Vec::new();
     for extra in ["", "connection: close\r\n"] {
-        let mut c = TcpStream::connect(proxy.addr).await.unwrap();
-        c.write_all(post(r#"{"model":"m"}"#, extra).as_bytes())
-            .await
-            .unwrap();
-        let mut raw = vec![0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut raw))
-            .await
-            .unwrap()
-            .unwrap();
+        let raw = first_read(proxy.addr, extra).await;
         assert!(
-            raw[..n].ends_with(body.as_bytes()),
+            raw.ends_with(body.as_bytes()),
             "{:?}",
-            String::from_utf8_lossy(&raw[..n])
+            String::from_utf8_lossy(&raw)
         );
-        heads.push(head_lines(&raw[..n]));
+        heads.push(head_lines(&raw));
     }
     // As sent, the one length it means, the proxy's request id in place of the upstream's.
     assert_eq!(
