@@ -10,7 +10,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 
-use super::headers::list_tokens;
+use super::headers::{list_tokens, visible};
 use super::upstream_fields::{parse, UpstreamFields, MAX_HEADERS};
 
 /// Why a response could not be read.
@@ -172,11 +172,6 @@ pub(super) fn header_map(fields: &[httparse::Header<'_>]) -> Result<HeaderMap, H
         map.append(name, value);
     }
     Ok(map)
-}
-
-/// Whether a value is visible ASCII and tabs, as `HeaderValue::to_str` takes it.
-fn visible(v: &[u8]) -> bool {
-    v.iter().all(|&b| b == b'\t' || (32..127).contains(&b))
 }
 
 /// How the body of a `method` request's response is framed (RFC 9112 §6.3), and whether its

@@ -48,6 +48,12 @@ pub(crate) fn list_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     value.split(|&b| b == b',').map(<[u8]>::trim_ascii)
 }
 
+/// Whether a field's value is visible ASCII and tabs, as `HeaderValue::to_str` takes it (a list
+/// field that is not is not read).
+pub(crate) fn visible(value: &[u8]) -> bool {
+    value.iter().all(|&b| b == b'\t' || (32..127).contains(&b))
+}
+
 /// Removes hop-by-hop headers: the fixed set, every `Proxy-*` header, and those `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most heads carry none, which one pass over the names tells (a name listed in `Connection`

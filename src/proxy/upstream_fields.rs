@@ -13,7 +13,7 @@ use std::mem::MaybeUninit;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use super::headers::{is_hop_by_hop_name, list_tokens};
+use super::headers::{is_hop_by_hop_name, list_tokens, visible};
 
 /// Most header fields a response head (or a trailer section) may have, as hyper allows.
 pub(super) const MAX_HEADERS: usize = 128;
@@ -173,8 +173,7 @@ impl UpstreamFields {
 /// Whether a `Content-Type` value starts with `prefix` (lowercase), in any case, after leading
 /// white space; a value that is not visible ASCII does not.
 fn value_starts(v: &[u8], prefix: &str) -> bool {
-    // As `HeaderValue::to_str`: visible ASCII and tabs.
-    if !v.iter().all(|&b| b == b'\t' || (32..127).contains(&b)) {
+    if !visible(v) {
         return false;
     }
     let v = v.trim_ascii_start();
