@@ -17,7 +17,8 @@
 //! (RFC 9112 §6: `content-length` when the body's length is known, else chunked; none for 204
 //! and 304), a `date` header when the response has none, a close after a response that says
 //! `connection: close`, and the graceful stop (an idle connection closes, one in flight closes
-//! after its response).
+//! after its response). Unlike hyper's server, it writes the upstream's fields as the upstream
+//! sent them, in its order and spelling (`upstream_fields.rs`), with no `HeaderMap` in between.
 
 use std::future::{poll_fn, Future};
 use std::mem::MaybeUninit;
