@@ -10,7 +10,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 
-use super::headers::{list_tokens, visible};
+use super::headers::list_tokens;
 use super::upstream_fields::{parse, UpstreamFields, MAX_HEADERS};
 
 /// Why a response could not be read.
@@ -132,8 +132,7 @@ pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<Parsed>, H1Error> 
     let at = |v: &[u8]| (v.as_ptr() as usize - buf.as_ptr() as usize) as u32;
     for h in parsed.headers.iter() {
         let is = |n: &HeaderName| h.name.eq_ignore_ascii_case(n.as_str());
-        // A list field that is not visible ASCII is not read (as `HeaderValue::to_str`).
-        let tokens = || list_tokens(h.value).filter(|_| visible(h.value));
+        let tokens = || list_tokens(h.value);
         if is(&header::CONNECTION) {
             for t in tokens() {
                 framing.close |= t.eq_ignore_ascii_case(b"close");

@@ -14,27 +14,36 @@ static HOP_BY_HOP: [HeaderName; 6] = [
 ];
 
 /// The elements of a comma-separated list header (RFC 9110 §5.6.1), trimmed, over all of its
-/// fields in order; a field that is not visible ASCII gives none.
+/// fields in order ([`list_tokens`] of each).
 pub(crate) fn list_elements<'a>(
     headers: &'a HeaderMap,
     name: &HeaderName,
-) -> impl DoubleEndedIterator<Item = &'a str> + 'a {
+) -> impl DoubleEndedIterator<Item = &'a [u8]> + 'a {
     headers
         .get_all(name)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
+        .flat_map(|v| list_tokens(v.as_bytes()))
 }
 
-/// Whether a field is hop-by-hop by its name alone: the fixed set and every `Proxy-*` field
-/// (the names a `Connection` field lists are too).
-pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name) || name.as_str().starts_with("proxy-")
+/// The elements of one list field's value (RFC 9110 §5.6.1), trimmed; a value that is not
+/// visible ASCII (`visible`) gives none: the one reading of a list field, on the request's
+/// side and the response's.
+pub(crate) fn list_tokens(value: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
+    let read = visible(value);
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(move |_| read)
 }
 
-/// [`is_hop_by_hop`] for a field's name as it came on the wire, in any case.
-pub(crate) fn is_hop_by_hop_name(name: &str) -> bool {
+/// Whether a field's value is visible ASCII and tabs, as `HeaderValue::to_str` takes it.
+pub(crate) fn visible(value: &[u8]) -> bool {
+    value.iter().all(|&b| b == b'\t' || (32..127).contains(&b))
+}
+
+/// Whether a field is hop-by-hop by its name alone, in any case: the fixed set and every
+/// `Proxy-*` field (the names a `Connection` field lists are too).
+pub(crate) fn is_hop_by_hop(name: &str) -> bool {
     HOP_BY_HOP
         .iter()
         .any(|h| name.eq_ignore_ascii_case(h.as_str()))
@@ -43,26 +52,15 @@ pub(crate) fn is_hop_by_hop_name(name: &str) -> bool {
             .is_some_and(|p| p.eq_ignore_ascii_case("proxy-"))
 }
 
-/// The elements of one comma-separated list field's value (RFC 9110 §5.6.1), trimmed.
-pub(crate) fn list_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    value.split(|&b| b == b',').map(<[u8]>::trim_ascii)
-}
-
-/// Whether a field's value is visible ASCII and tabs, as `HeaderValue::to_str` takes it (a list
-/// field that is not is not read).
-pub(crate) fn visible(value: &[u8]) -> bool {
-    value.iter().all(|&b| b == b'\t' || (32..127).contains(&b))
-}
-
 /// Removes hop-by-hop headers: the fixed set, every `Proxy-*` header, and those `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most heads carry none, which one pass over the names tells (a name listed in `Connection`
     // comes with `Connection`, one of the fixed set).
-    if !headers.keys().any(is_hop_by_hop) {
+    if !headers.keys().any(|k| is_hop_by_hop(k.as_str())) {
         return;
     }
     let named: Vec<HeaderName> = list_elements(headers, &header::CONNECTION)
-        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .filter_map(|t| HeaderName::from_bytes(t).ok())
         .collect();
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);

@@ -13,7 +13,7 @@ use std::mem::MaybeUninit;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use super::headers::{is_hop_by_hop_name, list_tokens, visible};
+use super::headers::{is_hop_by_hop, list_tokens, visible};
 
 /// Most header fields a response head (or a trailer section) may have, as hyper allows.
 pub(super) const MAX_HEADERS: usize = 128;
@@ -102,7 +102,7 @@ impl UpstreamFields {
             let mut length_sent = false;
             for h in fields {
                 let name = h.name;
-                if is_hop_by_hop_name(name)
+                if is_hop_by_hop(name)
                     || over.keys().any(|k| name.eq_ignore_ascii_case(k.as_str()))
                     || (listed
                         && fields

@@ -125,7 +125,7 @@ pub fn encode(
     body_len: usize,
 ) -> Bytes {
     // Names a `Connection` field lists: hop-by-hop too; most heads have none.
-    let listed: Vec<&str> = if headers.contains_key(header::CONNECTION) {
+    let listed: Vec<&[u8]> = if headers.contains_key(header::CONNECTION) {
         list_elements(headers, &header::CONNECTION).collect()
     } else {
         Vec::new()
@@ -151,14 +151,16 @@ pub fn encode(
             had_length = true;
             continue;
         }
-        let dropped = is_hop_by_hop(name)
+        let dropped = is_hop_by_hop(name.as_str())
             || *name == header::EXPECT
             || (edits.host.is_some() && *name == header::HOST)
             || edits.set.iter().any(|(n, _)| *n == name)
             || edits
                 .drop
                 .is_some_and(|d| name.as_str().eq_ignore_ascii_case(d))
-            || listed.iter().any(|l| name.as_str().eq_ignore_ascii_case(l));
+            || listed
+                .iter()
+                .any(|l| name.as_str().as_bytes().eq_ignore_ascii_case(l));
         if !dropped {
             field(&mut head, name, value);
         }
