@@ -424,7 +424,7 @@ fn encode_head(
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
     match &sent {
-        Some(f) => out.extend_from_slice(&f.reason()),
+        Some(f) => out.extend_from_slice(f.reason()),
         None => out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes()),
     }
     out.extend_from_slice(b"\r\n");

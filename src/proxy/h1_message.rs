@@ -150,7 +150,10 @@ pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<Parsed>, H1Error> 
             content_type = Some((at(h.value), at(h.value) + h.value.len() as u32));
         }
     }
-    let fields = UpstreamFields::new(Bytes::copy_from_slice(&buf[..n]), content_type);
+    let reason = parsed.reason.map_or((0, 0), |r| {
+        (at(r.as_bytes()), at(r.as_bytes()) + r.len() as u32)
+    });
+    let fields = UpstreamFields::new(Bytes::copy_from_slice(&buf[..n]), reason, content_type);
     buf.advance(n);
     Ok(Some(Parsed {
         status,

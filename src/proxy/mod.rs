@@ -244,7 +244,7 @@ pub(crate) fn fields_in_map(mut r: Response<ProxyBody>) -> Response<ProxyBody> {
         *r.headers_mut() = sent.header_map(own, known, has_body);
         // The upstream's reason phrase, as the front writes it.
         let reason = sent.reason();
-        if r.status().canonical_reason().map(str::as_bytes) != Some(&reason[..]) {
+        if r.status().canonical_reason().map(str::as_bytes) != Some(reason) {
             if let Ok(reason) = hyper::ext::ReasonPhrase::try_from(reason) {
                 r.extensions_mut().insert(reason);
             }

@@ -23,6 +23,8 @@ pub(super) const MAX_HEADERS: usize = 128;
 pub struct UpstreamFields {
     /// The head, from its status line to its empty line, as `parse` took it.
     head: Bytes,
+    /// Where the reason phrase lies in `head`.
+    reason: (u32, u32),
     /// Where the first `content-type` value lies in `head`.
     content_type: Option<(u32, u32)>,
 }
@@ -52,28 +54,34 @@ pub(super) fn parse<'b, 'h>(
 }
 
 impl UpstreamFields {
-    /// The fields of `head`, a whole head `parse` accepted; `content_type`, the first
-    /// `content-type` value's place in it.
-    pub(super) fn new(head: Bytes, content_type: Option<(u32, u32)>) -> UpstreamFields {
-        UpstreamFields { head, content_type }
+    /// The fields of `head`, a whole head `parse` accepted, with the places in it of its reason
+    /// phrase and of its first `content-type` value.
+    pub(super) fn new(
+        head: Bytes,
+        reason: (u32, u32),
+        content_type: Option<(u32, u32)>,
+    ) -> UpstreamFields {
+        UpstreamFields {
+            head,
+            reason,
+            content_type,
+        }
     }
 
-    /// Calls `f` with the head parsed again: its reason phrase and fields.
-    fn with_parsed<R>(&self, f: impl FnOnce(&[u8], &[httparse::Header<'_>]) -> R) -> R {
+    /// Calls `f` with the head's fields, parsed again.
+    fn with_parsed<R>(&self, f: impl FnOnce(&[httparse::Header<'_>]) -> R) -> R {
         let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
         let (response, parsed) = parse(&self.head, &mut fields);
         match parsed {
-            Ok(httparse::Status::Complete(_)) => {
-                f(response.reason.unwrap_or("").as_bytes(), response.headers)
-            }
+            Ok(httparse::Status::Complete(_)) => f(response.headers),
             // Not reached: `new` is given heads that parsed.
-            _ => f(b"", &[]),
+            _ => f(&[]),
         }
     }
 
     /// The reason phrase as the upstream sent it (empty when it sent none).
-    pub fn reason(&self) -> Bytes {
-        self.with_parsed(|reason, _| self.head.slice_ref(reason))
+    pub fn reason(&self) -> &[u8] {
+        &self.head[self.reason.0 as usize..self.reason.1 as usize]
     }
 
     /// Whether the `content-type` starts with `prefix` (lowercase), in any case.
@@ -95,7 +103,7 @@ impl UpstreamFields {
         has_body: bool,
         mut f: impl FnMut(&str, Forwarded<'_>),
     ) {
-        self.with_parsed(|_, fields| {
+        self.with_parsed(|fields| {
             let listed = fields
                 .iter()
                 .any(|h| h.name.eq_ignore_ascii_case(header::CONNECTION.as_str()));
@@ -156,7 +164,7 @@ impl UpstreamFields {
     /// Every field as the upstream sent it, as a map.
     pub fn as_sent(&self) -> HeaderMap {
         let mut map = HeaderMap::new();
-        self.with_parsed(|_, fields| {
+        self.with_parsed(|fields| {
             for h in fields {
                 if let (Ok(name), Ok(value)) = (
                     HeaderName::from_bytes(h.name.as_bytes()),
@@ -189,15 +197,16 @@ mod tests {
         let (response, parsed) = parse(head, &mut fields);
         assert!(matches!(parsed, Ok(httparse::Status::Complete(_))));
         let head = Bytes::from_static(head);
+        let at = |v: &[u8]| (v.as_ptr() as usize - head.as_ptr() as usize) as u32;
+        let reason = response.reason.map_or((0, 0), |r| {
+            (at(r.as_bytes()), at(r.as_bytes()) + r.len() as u32)
+        });
         let content_type = response
             .headers
             .iter()
             .find(|h| h.name.eq_ignore_ascii_case("content-type"))
-            .map(|h| {
-                let a = h.value.as_ptr() as usize - head.as_ptr() as usize;
-                (a as u32, (a + h.value.len()) as u32)
-            });
-        UpstreamFields::new(head, content_type)
+            .map(|h| (at(h.value), at(h.value) + h.value.len() as u32));
+        UpstreamFields::new(head, reason, content_type)
     }
 
     fn forwarded(f: &UpstreamFields, over: &HeaderMap, length: Option<u64>, body: bool) -> String {
@@ -256,11 +265,8 @@ Trailer: y\r\nUpgrade: z\r\nX-Request-Id: upstream\r\nX-Keep: a\r\nx-keep: b\r\n
 
     #[test]
     fn reason_as_sent() {
-        assert_eq!(
-            &fields_of(b"HTTP/1.1 200 Fine\r\n\r\n").reason()[..],
-            b"Fine"
-        );
-        assert_eq!(&fields_of(b"HTTP/1.1 404 \r\n\r\n").reason()[..], b"");
+        assert_eq!(&fields_of(b"HTTP/1.1 200 Fine\r\n\r\n").reason(), b"Fine");
+        assert_eq!(fields_of(b"HTTP/1.1 404 \r\n\r\n").reason(), b"");
         assert_eq!(
             fields_of(b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\n").as_sent()["x"],
             "1"

@@ -85,7 +85,7 @@ impl Read {
         *response.status_mut() = head.status;
         *response.version_mut() = head.version;
         *response.headers_mut() = map;
-        if head.status.canonical_reason().map(str::as_bytes) != Some(&reason[..]) {
+        if head.status.canonical_reason().map(str::as_bytes) != Some(reason) {
             response
                 .extensions_mut()
                 .insert(ReasonPhrase::try_from(reason).unwrap());

@@ -219,11 +219,11 @@ async fn interim_responses_are_read_past_and_reason_phrases_kept() {
     .await;
     assert_eq!(head.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(head.fields.as_sent().get("link").is_none());
-    assert_eq!(&head.fields.reason()[..], b"Slow Down");
+    assert_eq!(head.fields.reason(), b"Slow Down");
     assert_eq!(body.unwrap(), b"no");
     let (head, _, _) = head_and_body(b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", false).await;
     assert_eq!(head.version, Version::HTTP_10);
-    assert_eq!(&head.fields.reason()[..], b"OK");
+    assert_eq!(head.fields.reason(), b"OK");
 }
 
 #[tokio::test]
