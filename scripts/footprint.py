@@ -51,7 +51,6 @@ HANDLER_TOGGLES = [
     "tokenmeter::proxy::body::Reading::for_response",
     "tokenmeter::proxy::h1_message::frame_head",
     "tokenmeter::proxy::body::content_type_starts",
-    "tokenmeter::proxy::upstream_fields::UpstreamFields::content_type_starts",
 ]
 # The response head's window: its parse and framing, what the handler makes of it, and the
 # client head's encoding (the names of this build and of the builds before 324f682; none of them
@@ -60,7 +59,6 @@ RESPONSE_HEAD_TOGGLES = [
     "tokenmeter::proxy::upstream_h1::H1Conn<T>::poll_parse_head",
     "tokenmeter::proxy::h1_message::frame_head",
     "tokenmeter::proxy::body::content_type_starts",
-    "tokenmeter::proxy::upstream_fields::UpstreamFields::content_type_starts",
     "tokenmeter::proxy::headers::strip_hop_by_hop",
     "tokenmeter::proxy::body::Reading::for_response",
     "tokenmeter::proxy::body::MeteredBody::new",

@@ -50,11 +50,10 @@ impl Reading {
     pub fn for_response(
         dialect: &'static dyn Dialect,
         fields: &UpstreamFields,
-        is_sse: bool,
         strip_usage: bool,
         cfg: &ServeConfig,
     ) -> Reading {
-        if is_sse {
+        if fields.content_type_starts("text/event-stream") {
             Reading::Sse {
                 reader: dialect.stream_reader(),
                 scanner: SseScanner::new(cfg.max_sse_event_bytes),

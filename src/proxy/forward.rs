@@ -415,10 +415,9 @@ async fn forward(
         body: rbody,
     } = resp;
     tracker.set_status(status.as_u16());
-    let is_sse = sent.content_type_starts("text/event-stream");
     let reading = match api.filter(|_| metered) {
         None => Reading::Opaque,
-        Some(api) => Reading::for_response(api.dialect(), &sent, is_sse, strip_usage, cfg),
+        Some(api) => Reading::for_response(api.dialect(), &sent, strip_usage, cfg),
     };
     let idle = std::time::Duration::from_millis(cfg.timeouts.body_idle_ms);
     let metered = MeteredBody::new(rbody, tracker, reading, idle, Some(sent));
