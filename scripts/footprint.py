@@ -67,9 +67,10 @@ RESPONSE_HEAD_TOGGLES = [
 # The admission: what is recorded of the request once it is written upstream (its identity, what
 # its body says, its session's clues, the observers told), while the upstream works on it.
 ADMISSION_TOGGLES = ["tokenmeter::proxy::admission::admit"]
-# What runs after the upstream write in this build but before it in older ones (`--post-write`).
-# A toggle flips collection on every entry: a function that runs inside one already left out
-# (identification, inside the admission) must not be listed.
+# What ran after the upstream write in the builds from 856780a to 9785a7e, named as then, but
+# before it in older ones (`--post-write`; later builds run neither, and the admission's toggle
+# covers what replaced them). A toggle flips collection on every entry: a function that runs
+# inside one already left out (identification, inside the admission) must not be listed.
 POST_WRITE = "headers::strip_hop_by_hop,deferred_identity::deferred_identity"
 
 

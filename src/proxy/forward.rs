@@ -21,7 +21,7 @@ use crate::proxy::admission::{admit, Unnoted};
 use crate::proxy::as_stream;
 use crate::proxy::body::{MeteredBody, Reading};
 use crate::proxy::client_body::ClientBody;
-use crate::proxy::deferred_identity::{fill_identity, Client};
+use crate::proxy::client_identity::{fill_identity, Client};
 use crate::proxy::identity;
 use crate::proxy::pool::UpstreamResponse;
 use crate::proxy::request::{inject_include_usage, RequestInfo};

@@ -7,7 +7,7 @@ mod admission;
 mod as_stream;
 mod body;
 mod client_body;
-mod deferred_identity;
+mod client_identity;
 mod forward;
 mod front_h1;
 #[doc(hidden)]
