@@ -35,6 +35,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{oneshot, watch};
 
 use super::client_body::ClientBody;
+use super::headers::{list_tokens, write_field, write_length};
 use super::pacemaker::Activity;
 use super::upstream_fields::Forwarded;
 use super::{forward, ProxyBody, ProxyState};
@@ -432,20 +433,15 @@ fn encode_head(
     let mut framing = None;
     let (mut last, mut dated) = (false, false);
     if let Some(f) = &sent {
-        f.forwarded(headers, known, has_body, |name, value| {
-            out.extend_from_slice(name.as_bytes());
-            out.extend_from_slice(b": ");
-            match value {
-                Forwarded::Sent(v) => {
-                    dated |= name.eq_ignore_ascii_case("date");
-                    out.extend_from_slice(v);
-                }
-                Forwarded::Length(n) => {
-                    framing = Some(Framing::Length(n));
-                    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-                }
+        f.forwarded(headers, known, has_body, |name, value| match value {
+            Forwarded::Sent(v) => {
+                dated |= name.eq_ignore_ascii_case("date");
+                write_field(out, name.as_bytes(), v);
             }
-            out.extend_from_slice(b"\r\n");
+            Forwarded::Length(n) => {
+                framing = Some(Framing::Length(n));
+                write_length(out, name.as_bytes(), n);
+            }
         });
     }
     for (name, value) in headers {
@@ -460,26 +456,18 @@ fn encode_head(
         } else if *name == header::TRANSFER_ENCODING {
             framing = Some(Framing::Chunked);
         } else if *name == header::CONNECTION {
-            last |= value
-                .as_bytes()
-                .split(|&b| b == b',')
-                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+            last |= list_tokens(value.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"close"));
         } else if *name == header::DATE {
             dated = true;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        write_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
     let framing = match framing {
         _ if !has_body => Framing::None,
         Some(f) => f,
         None => match known {
             Some(n) => {
-                out.extend_from_slice(b"content-length: ");
-                out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-                out.extend_from_slice(b"\r\n");
+                write_length(out, b"content-length", n);
                 Framing::Length(n)
             }
             None => {

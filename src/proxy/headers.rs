@@ -52,6 +52,19 @@ pub(crate) fn is_hop_by_hop(name: &str) -> bool {
             .is_some_and(|p| p.eq_ignore_ascii_case("proxy-"))
 }
 
+/// Appends one field line of a head: `name: value` and CRLF (RFC 9112 §5).
+pub(crate) fn write_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends a `content-length` field line for `n` bytes.
+pub(crate) fn write_length(out: &mut Vec<u8>, name: &[u8], n: u64) {
+    write_field(out, name, itoa::Buffer::new().format(n).as_bytes());
+}
+
 /// Removes hop-by-hop headers: the fixed set, every `Proxy-*` header, and those `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most heads carry none, which one pass over the names tells (a name listed in `Connection`

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Uri};
 
-use super::headers::{is_hop_by_hop, list_elements};
+use super::headers::{is_hop_by_hop, list_elements, write_field, write_length};
 use super::identity::X_API_KEY;
 
 /// A request as the upstream pool sends it.
@@ -171,9 +171,7 @@ pub fn encode(
         }
     }
     if body_len > 0 || had_length {
-        head.extend_from_slice(b"content-length: ");
-        head.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
-        head.extend_from_slice(b"\r\n");
+        write_length(&mut head, b"content-length", body_len as u64);
     }
     head.extend_from_slice(b"\r\n");
     Bytes::from(head)
@@ -194,10 +192,7 @@ pub fn encode_head<B>(req: &http::Request<B>, body_len: usize) -> Bytes {
 
 /// One field line.
 fn field(head: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
-    head.extend_from_slice(name.as_str().as_bytes());
-    head.extend_from_slice(b": ");
-    head.extend_from_slice(value.as_bytes());
-    head.extend_from_slice(b"\r\n");
+    write_field(head, name.as_str().as_bytes(), value.as_bytes());
 }
 
 #[cfg(test)]
